@@ -1,0 +1,156 @@
+"""Loading ONNX models and the facts about them every stage needs.
+
+A :class:`Model` wraps a checked, normalized ``onnx.ModelProto``: every node has a unique name, every
+dim of a graph input or output is either a number or a named symbol, and initializers are not
+listed as inputs. Stages never change it; they derive new protos from copies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .errors import InputFileError, ModelError
+from .runtime.signature import Dim, TensorSpec
+
+CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
+
+
+@dataclass(frozen=True)
+class Model:
+    """A loaded ONNX model with its inputs, outputs and identity."""
+
+    proto: onnx.ModelProto
+    name: str
+    sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    opset: int
+    control_flow: tuple[tuple[str, str], ...] = field(default=())
+    path: str = ""
+
+    @property
+    def dynamic_dims(self) -> list[str]:
+        """The symbol names used by the inputs' dims, in order of first appearance."""
+        seen: list[str] = []
+        for spec in self.inputs:
+            for dim in spec.dims:
+                if isinstance(dim, str) and dim not in seen:
+                    seen.append(dim)
+        return seen
+
+    def input(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def serialized(self) -> bytes:
+        return self.proto.SerializeToString()
+
+
+def tensor_dtype(elem_type: int) -> str:
+    """The numpy dtype name of an ONNX tensor element type."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _spec_of(value: onnx.ValueInfoProto, where: str) -> TensorSpec:
+    if not value.type.HasField("tensor_type"):
+        raise ModelError(f"{where} '{value.name}' is not a tensor; edgec supports tensor inputs and outputs")
+    ttype = value.type.tensor_type
+    try:
+        dtype = tensor_dtype(ttype.elem_type)
+    except (KeyError, TypeError, ValueError):
+        raise ModelError(f"{where} '{value.name}' has unsupported element type {ttype.elem_type}") from None
+    dims: list[Dim] = []
+    if ttype.HasField("shape"):
+        for dim in ttype.shape.dim:
+            dims.append(dim.dim_value if dim.HasField("dim_value") else dim.dim_param)
+    return TensorSpec(value.name, dtype, tuple(dims))
+
+
+def _normalize(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Name every node and every unnamed graph input/output dim; drop initializers from inputs."""
+    graph = proto.graph
+    initializers = {init.name for init in graph.initializer}
+    real_inputs = [value for value in graph.input if value.name not in initializers]
+    if len(real_inputs) != len(graph.input):
+        del graph.input[:]
+        graph.input.extend(real_inputs)
+    for index, value in enumerate(list(graph.input) + list(graph.output)):
+        if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value") and not dim.dim_param:
+                dim.dim_param = f"{_identifier(value.name)}_dim{axis}"
+    used: set[str] = set()
+
+    def name_nodes(g: onnx.GraphProto, prefix: str) -> None:
+        for index, node in enumerate(g.node):
+            if not node.name or node.name in used:
+                node.name = f"{prefix}{node.op_type}_{index}"
+            while node.name in used:
+                node.name += "_"
+            used.add(node.name)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    name_nodes(attr.g, f"{node.name}/")
+                for sub in attr.graphs:
+                    name_nodes(sub, f"{node.name}/")
+
+    name_nodes(graph, "")
+    return proto
+
+
+def _identifier(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in name) or "input"
+
+
+def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> Model:
+    """Check and normalize an in-memory ONNX model; the caller's proto is not changed."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    sha256 = hashlib.sha256(proto.SerializeToString()).hexdigest()
+    if not proto.graph.node:
+        raise ModelError(f"model '{name}' has no nodes; export a model with at least one operator")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid graph"
+        raise ModelError(f"model '{name}' is not a valid ONNX model: {first}") from None
+    proto = _normalize(proto)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    inputs = tuple(_spec_of(v, "input") for v in proto.graph.input)
+    outputs = tuple(_spec_of(v, "output") for v in proto.graph.output)
+    if not inputs:
+        raise ModelError(f"model '{name}' has no inputs; edgec compiles models that take inputs")
+    control_flow = tuple((n.name, n.op_type) for n in proto.graph.node if n.op_type in CONTROL_FLOW_OPS)
+    return Model(proto, name, sha256, inputs, outputs, opset, control_flow, path)
+
+
+def load_model(path: str | Path) -> Model:
+    """Load an ONNX model file, with one-line errors for a missing, unreadable or invalid model.
+
+    External data next to the model is loaded too. The model's name is its file's stem, or the
+    folder's name for the zoo's ``DIR/model.onnx`` layout.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputFileError(f"model file '{path}' does not exist; pass the path of an .onnx file")
+    if path.is_dir():
+        if (path / "model.onnx").is_file():
+            path = path / "model.onnx"
+        else:
+            raise InputFileError(f"'{path}' is a folder without model.onnx; pass an .onnx file")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises several unrelated types on garbage input
+        raise ModelError(f"'{path}' is not an ONNX model ({type(exc).__name__}); pass an .onnx file") from None
+    if not proto.HasField("graph"):
+        raise ModelError(f"'{path}' is not an ONNX model (no graph); pass an .onnx file")
+    name = path.parent.name if path.name == "model.onnx" and path.parent.name else path.stem
+    return from_proto(proto, name, str(path.resolve()))

@@ -1,0 +1,249 @@
+"""The profile stage: run a model on representative inputs and record how it behaves.
+
+Recorded per model: the values each symbolic input dim takes and the input shapes seen, the branch
+taken by each top-level ``If``, the trip count of each top-level ``Loop`` and ``Scan``, the time of
+each node (onnxruntime's profiler, graph unoptimized so nodes keep their names), the reference
+latency per shape, and the range of every float activation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .errors import ModelError, SamplesError, describe
+from .fileio import load_json_value, save_json_value
+from .model import Model
+from .runtime.signature import TensorSpec
+from .provenance import tool_versions
+from .reference import reference_session
+from .samples import Sample, sample_dims
+
+PROFILE_VERSION = 1
+_TRIPS_SUFFIX = "__edgec_trips"
+_TIMING_RUNS = 3
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a model did on its samples. ``shapes`` is sorted by how often each shape was seen."""
+
+    model_name: str
+    model_sha256: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    sample_count: int
+    dims: dict[str, dict[str, int]]
+    shapes: list[dict[str, Any]]
+    control_flow: dict[str, dict[str, Any]]
+    nodes: dict[str, dict[str, Any]]
+    ranges: dict[str, dict[str, float]]
+    versions: dict[str, str] = field(default_factory=tool_versions)
+
+    def shape_distribution(self) -> list[tuple[dict[str, int], float]]:
+        """Each seen assignment of the symbolic dims with its share of the samples."""
+        total = sum(entry["count"] for entry in self.shapes) or 1
+        return [(dict(entry["dims"]), entry["count"] / total) for entry in self.shapes]
+
+    def save(self, path: str | Path) -> Path:
+        payload = {
+            "model": {
+                "name": self.model_name, "sha256": self.model_sha256,
+                "inputs": [s.to_json() for s in self.inputs],
+                "outputs": [s.to_json() for s in self.outputs],
+            },
+            "sample_count": self.sample_count, "dims": self.dims, "shapes": self.shapes,
+            "control_flow": self.control_flow, "nodes": self.nodes, "ranges": self.ranges,
+            "versions": self.versions,
+        }
+        return save_json_value(path, "profile", PROFILE_VERSION, payload)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        doc = load_json_value(path, "profile", PROFILE_VERSION)
+        model = doc["model"]
+        return cls(
+            model_name=model["name"], model_sha256=model["sha256"],
+            inputs=[TensorSpec.from_json(s) for s in model["inputs"]],
+            outputs=[TensorSpec.from_json(s) for s in model["outputs"]],
+            sample_count=doc["sample_count"], dims=doc["dims"], shapes=doc["shapes"],
+            control_flow=doc["control_flow"], nodes=doc["nodes"], ranges=doc["ranges"],
+            versions=doc["versions"],
+        )
+
+
+def _instrumented(model: Model) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """A copy of the model whose graph outputs also expose every top-level activation.
+
+    Each top-level ``Loop`` gains a scan output of its iteration numbers, whose length is the trip
+    count. Returns the proto and, per Loop node, the name of that extra output.
+    """
+    proto = onnx.ModelProto.FromString(model.serialized())
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # inference is best effort; untyped activations are just not exposed
+        inferred = proto
+    elem_types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info
+                  if v.type.HasField("tensor_type")}
+    graph = proto.graph
+    present = {o.name for o in graph.output}
+    trips: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "Loop":
+            body = next(a.g for a in node.attribute if a.name == "body")
+            counter = f"{node.name}{_TRIPS_SUFFIX}"
+            body.node.append(helper.make_node(
+                "Identity", [body.input[0].name], [counter + "_iter"], name=counter + "_identity"))
+            body.output.append(helper.make_tensor_value_info(counter + "_iter", TensorProto.INT64, []))
+            node.output.append(counter)
+            graph.output.append(helper.make_tensor_value_info(counter, TensorProto.INT64, None))
+            present.add(counter)
+            trips[node.name] = counter
+            continue
+        for out in node.output:
+            if out and out not in present and elem_types.get(out):
+                graph.output.append(helper.make_tensor_value_info(out, elem_types[out], None))
+                present.add(out)
+    return proto, trips
+
+
+def _node_times(model: Model, samples: list[Sample]) -> dict[str, dict[str, Any]]:
+    """Mean time per node and run, from onnxruntime's profiler on the unoptimized graph."""
+    with tempfile.TemporaryDirectory(prefix="edgec-profile-") as tmp:
+        session = reference_session(model.proto, optimize=False,
+                                    profile_prefix=os.path.join(tmp, "ort"))
+        for sample in samples:
+            session.run(sample.arrays)
+        trace_path = session.session.end_profiling()
+        events = json.loads(Path(trace_path).read_text())
+    ops = {node.name: node.op_type for node in model.proto.graph.node}
+    total_us: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            total_us[event["name"][: -len("_kernel_time")]] += float(event.get("dur", 0))
+    runs = max(len(samples), 1)
+    return {
+        name: {"op": ops.get(name, ""), "mean_us": round(total_us[name] / runs, 3)}
+        for name in sorted(total_us, key=lambda n: -total_us[n])
+    }
+
+
+def _range_of(values: np.ndarray) -> dict[str, float]:
+    flat = np.abs(values.astype(np.float64, copy=False)).ravel()
+    return {
+        "min": float(values.min()), "max": float(values.max()),
+        "absmax_p999": float(np.percentile(flat, 99.9)),
+    }
+
+
+def _merge_range(old: dict[str, float] | None, new: dict[str, float], count: int) -> dict[str, float]:
+    if old is None:
+        return new
+    return {
+        "min": min(old["min"], new["min"]), "max": max(old["max"], new["max"]),
+        # Mean over samples of the per-sample percentile: robust to one outlier sample.
+        "absmax_p999": old["absmax_p999"] + (new["absmax_p999"] - old["absmax_p999"]) / count,
+    }
+
+
+def profile(model: Model, samples: list[Sample]) -> Profile:
+    """Run ``model`` on ``samples`` with onnxruntime and return what was observed.
+
+    Samples must already be checked against the model (``load_samples`` does it). Raises
+    ``SamplesError`` when there are none and ``ModelError`` when onnxruntime cannot run the model.
+    """
+    if not samples:
+        raise SamplesError("no samples to profile; pass at least one .npz file")
+    reference = reference_session(model.proto)
+    instrumented_proto, trips = _instrumented(model)
+    instrumented = reference_session(instrumented_proto, optimize=False)
+    nodes = {n.name: n for n in model.proto.graph.node}
+    initializers = {i.name: i for i in model.proto.graph.initializer}
+
+    dim_counts: dict[str, Counter] = {d: Counter() for d in model.dynamic_dims}
+    shape_counts: Counter = Counter()
+    shape_times: dict[tuple, list[float]] = defaultdict(list)
+    control: dict[str, dict[str, Any]] = {}
+    trip_counts: dict[str, Counter] = defaultdict(Counter)
+    branch_counts: dict[str, Counter] = defaultdict(Counter)
+    ranges: dict[str, dict[str, float]] = {}
+    range_counts: Counter = Counter()
+
+    for sample in samples:
+        dims = sample_dims(model, sample)
+        key = tuple(sorted(dims.items()))
+        shape_counts[key] += 1
+        for dim, value in dims.items():
+            dim_counts[dim][str(value)] += 1
+        try:
+            reference.run(sample.arrays)  # warm-up: first runs allocate
+            times = [reference.timed_run(sample.arrays)[1] for _ in range(_TIMING_RUNS)]
+            values = {**sample.arrays, **instrumented.run(sample.arrays)}
+        except Exception as exc:  # onnxruntime's own error types
+            raise ModelError(f"onnxruntime failed on sample '{sample.name}': {describe(exc)}") from None
+        shape_times[key].append(float(np.median(times)))
+        for name, value in values.items():
+            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+                range_counts[name] += 1
+                ranges[name] = _merge_range(ranges.get(name), _range_of(value), range_counts[name])
+        for name, node in nodes.items():
+            if node.op_type == "If":
+                cond = values.get(node.input[0])
+                if cond is None:
+                    cond = numpy_helper.to_array(initializers[node.input[0]])
+                taken = bool(np.asarray(cond).reshape(-1)[0])
+                branch_counts[name]["then" if taken else "else"] += 1
+            elif node.op_type == "Loop":
+                trip_counts[name][int(np.asarray(values[trips[name]]).shape[0])] += 1
+            elif node.op_type == "Scan":
+                trip_counts[name][_scan_trips(node, values)] += 1
+
+    for name, node in nodes.items():
+        if node.op_type == "If":
+            control[name] = {"op": "If", "branches": {b: branch_counts[name][b] for b in ("then", "else")}}
+        elif node.op_type in ("Loop", "Scan"):
+            counts = trip_counts[name]
+            seen = sorted(counts.elements())
+            control[name] = {
+                "op": node.op_type,
+                "trips": {str(k): counts[k] for k in sorted(counts)},
+                "trip_min": seen[0], "trip_max": seen[-1],
+                "trip_mean": round(float(np.mean(seen)), 3),
+            }
+
+    shapes = [
+        {"dims": dict(key), "count": count,
+         "reference_ms": round(float(np.median(shape_times[key])), 4)}
+        for key, count in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    return Profile(
+        model_name=model.name, model_sha256=model.sha256,
+        inputs=list(model.inputs), outputs=list(model.outputs),
+        sample_count=len(samples),
+        dims={d: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for d, c in dim_counts.items()},
+        shapes=shapes, control_flow=control, nodes=_node_times(model, samples),
+        ranges=dict(sorted(ranges.items())),
+    )
+
+
+def _scan_trips(node: onnx.NodeProto, values: dict[str, np.ndarray]) -> int:
+    """A Scan's trip count: the length of its first scan input along its scan axis."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    body_inputs = len(next(a.g for a in node.attribute if a.name == "body").input)
+    num_scan = int(attrs["num_scan_inputs"])
+    first_scan = node.input[body_inputs - num_scan]
+    axes = list(attrs.get("scan_input_axes", [0] * num_scan))
+    if first_scan not in values:
+        raise ModelError(f"Scan node '{node.name}': cannot observe its scan input '{first_scan}'")
+    array = np.asarray(values[first_scan])
+    axis = axes[0] if axes else 0
+    return int(array.shape[axis % max(array.ndim, 1)])

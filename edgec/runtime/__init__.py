@@ -1,0 +1,172 @@
+"""The edgec runtime: load an ``.edgec`` artifact and run it, with no compiler installed.
+
+Needs numpy, ``tvm_ffi`` and ``libtvm_runtime.so``; it never imports ``tvm`` (the compiler) nor
+anything from the compiler side of edgec::
+
+    model = edgec.runtime.load("model.edgec")
+    outputs = model.run({"input_ids": ids, "attention_mask": mask})
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import platform
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import ArtifactError, SamplesError, ToolchainError, describe
+from .artifact import Artifact
+from .signature import TensorSpec, bind_inputs
+
+__all__ = ["Model", "load", "host_arch", "TensorSpec"]
+
+_KDL_CPU = 1
+_POOLED_ALLOCATOR = 2
+_runtime_loaded = False
+
+
+def host_arch() -> str:
+    """The architecture name artifacts use for this machine (``x86_64`` or ``aarch64``)."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _runtime_library() -> Path:
+    """Locate ``libtvm_runtime.so``: ``EDGEC_TVM_RUNTIME``, edgec's bundled copy, or the tvm wheel's.
+
+    ``importlib.util.find_spec`` finds the tvm package without executing it, so the compiler is
+    never imported.
+    """
+    candidates = []
+    if os.environ.get("EDGEC_TVM_RUNTIME"):
+        candidates.append(Path(os.environ["EDGEC_TVM_RUNTIME"]))
+    candidates.append(Path(__file__).resolve().parent / "lib" / "libtvm_runtime.so")
+    spec = importlib.util.find_spec("tvm")
+    if spec is not None and spec.origin:
+        candidates.append(Path(spec.origin).parent / "lib" / "libtvm_runtime.so")
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise ToolchainError(
+        "libtvm_runtime.so not found; install edgec's runtime (pip install edgec[runtime]) or set "
+        "EDGEC_TVM_RUNTIME to its path"
+    )
+
+
+def _ensure_runtime(threads: int) -> Any:
+    """Load libtvm_runtime once per process and return the ``tvm_ffi`` module."""
+    global _runtime_loaded
+    # The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
+    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    import tvm_ffi
+
+    if not _runtime_loaded:
+        ctypes.CDLL(str(_runtime_library()), ctypes.RTLD_GLOBAL)
+        _runtime_loaded = True
+    return tvm_ffi
+
+
+def _default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Model:
+    """A loaded artifact, ready to run on this machine."""
+
+    path: str
+    manifest: dict[str, Any]
+    target: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    _vm: Any
+    _main: Any
+    _ffi: Any
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the model on ``inputs`` (keyed by input name); return outputs keyed by output name.
+
+        Inputs are checked against the manifest first: names, dtypes, ranks, fixed dims, and
+        symbolic dims shared between inputs.
+        """
+        bind_inputs(self.inputs, inputs, f"inputs to '{Path(self.path).name}'", SamplesError)
+        args = [self._ffi.from_dlpack(np.ascontiguousarray(inputs[spec.name])) for spec in self.inputs]
+        result = self._main(*args)
+        values = _flatten(result)
+        if len(values) != len(self.outputs):
+            raise ArtifactError(
+                f"'{self.path}' returned {len(values)} outputs, its manifest lists {len(self.outputs)}"
+            )
+        return {spec.name: np.from_dlpack(value) for spec, value in zip(self.outputs, values)}
+
+    def raw_call(self, args: list[Any]) -> Any:
+        """Call the VM's ``main`` on already-converted ``tvm_ffi`` tensors (for overhead measurement)."""
+        return self._main(*args)
+
+    def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
+        return [self._ffi.from_dlpack(np.ascontiguousarray(inputs[s.name])) for s in self.inputs]
+
+
+def _flatten(result: Any) -> list[Any]:
+    """The VM returns a tensor, or a (nested) array of them for several outputs."""
+    if hasattr(result, "__dlpack__"):
+        return [result]
+    values: list[Any] = []
+    for item in result:
+        values.extend(_flatten(item))
+    return values
+
+
+def select_target(manifest: dict[str, Any], target: str | None, where: str) -> str:
+    """The library to run: the one named, else the first whose arch is this host's CPU arch."""
+    libraries = manifest["libraries"]
+    if target is not None:
+        if target not in libraries:
+            raise ArtifactError(f"'{where}' has no library for target '{target}'; it has {', '.join(libraries)}")
+        return target
+    arch = host_arch()
+    for name, entry in libraries.items():
+        if entry.get("arch") == arch and entry.get("device", "cpu") == "cpu":
+            return name
+    available = ", ".join(f"{n} ({e.get('arch')})" for n, e in libraries.items())
+    raise ArtifactError(
+        f"'{where}' has no library for this machine ({arch}); it has {available}; rebuild with a "
+        f"target for {arch}"
+    )
+
+
+def load(path: str | Path, target: str | None = None, threads: int | None = None) -> Model:
+    """Verify and load an artifact; pick the library for this host unless ``target`` names one.
+
+    Every check (format version, member paths, checksums) runs before native code is loaded.
+    ``threads`` sets the VM's thread pool (default: every core available to the process) and only
+    takes effect for the first model loaded in a process.
+    """
+    artifact = Artifact.load(path)
+    manifest = artifact.manifest
+    chosen = select_target(manifest, target, str(path))
+    tvm_ffi = _ensure_runtime(threads or _default_threads())
+    with tempfile.TemporaryDirectory(prefix="edgec-") as tmp:
+        lib_path = Path(tmp) / f"{chosen}.so"
+        lib_path.write_bytes(artifact.library(chosen))
+        try:
+            module = tvm_ffi.load_module(str(lib_path))
+        except Exception as exc:  # the loader reports dlopen failures with its own types
+            raise ArtifactError(f"cannot load the '{chosen}' library of '{path}': {describe(exc)}") from None
+    vm = module["vm_load_executable"]()
+    vm["vm_initialization"](_KDL_CPU, 0, _POOLED_ALLOCATOR)
+    return Model(
+        path=str(path), manifest=manifest, target=chosen,
+        inputs=tuple(TensorSpec.from_json(s) for s in manifest["inputs"]),
+        outputs=tuple(TensorSpec.from_json(s) for s in manifest["outputs"]),
+        _vm=vm, _main=vm["main"], _ffi=tvm_ffi,
+    )

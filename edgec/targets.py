@@ -1,0 +1,104 @@
+"""Device descriptions: ``targets/*.toml`` files read into :class:`Target` values.
+
+A target is data. The code for a *kind* of target (an LLVM CPU, CUDA) lives in
+``edgec.compiler.codegen`` and is picked by the ``kind`` field.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import TargetError
+
+TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+KNOWN_KINDS = ("llvm",)
+KNOWN_RUN_MODES = ("local", "qemu", "rpc")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One device: the TVM target (JSON form), how to link for it and how to run there."""
+
+    name: str
+    description: str
+    kind: str
+    arch: str
+    tvm: dict[str, Any]
+    cross_compiler: str = ""
+    run: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "description": self.description, "kind": self.kind,
+            "arch": self.arch, "tvm": self.tvm, "cross_compiler": self.cross_compiler,
+            "run": self.run,
+        }
+
+
+def _require(doc: dict, key: str, kind: type, where: str) -> Any:
+    if key not in doc:
+        raise TargetError(f"target file '{where}' lacks '{key}'; see targets/x86_64.toml")
+    value = doc[key]
+    if not isinstance(value, kind):
+        raise TargetError(f"target file '{where}': '{key}' must be a {kind.__name__}")
+    return value
+
+
+def parse_target(doc: dict[str, Any], where: str) -> Target:
+    """Build a :class:`Target` from a parsed TOML document, naming the field that is wrong."""
+    known = {"name", "description", "kind", "arch", "tvm", "build", "run"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise TargetError(
+            f"target file '{where}' has unknown key(s) {', '.join(unknown)}; "
+            f"known keys: {', '.join(sorted(known))}"
+        )
+    kind = _require(doc, "kind", str, where)
+    if kind not in KNOWN_KINDS:
+        raise TargetError(f"target file '{where}': kind '{kind}' unknown; known: {', '.join(KNOWN_KINDS)}")
+    tvm_target = _require(doc, "tvm", dict, where)
+    run = doc.get("run", {})
+    mode = run.get("mode", "local")
+    if mode not in KNOWN_RUN_MODES:
+        raise TargetError(
+            f"target file '{where}': run.mode '{mode}' unknown; known: {', '.join(KNOWN_RUN_MODES)}"
+        )
+    return Target(
+        name=_require(doc, "name", str, where),
+        description=doc.get("description", ""),
+        kind=kind,
+        arch=_require(doc, "arch", str, where),
+        tvm=tvm_target,
+        cross_compiler=doc.get("build", {}).get("cross_compiler", ""),
+        run=run,
+        source=where,
+    )
+
+
+def list_targets(directory: Path = TARGETS_DIR) -> list[Target]:
+    """Every target described in ``directory``, sorted by name."""
+    return [load_target(p) for p in sorted(directory.glob("*.toml"))]
+
+
+def load_target(name_or_path: str | Path, directory: Path = TARGETS_DIR) -> Target:
+    """Load a target by name (a file in ``directory``) or by the path of a TOML file."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = directory / f"{name_or_path}.toml"
+        if not path.is_file():
+            known = sorted(p.stem for p in directory.glob("*.toml"))
+            raise TargetError(f"unknown target '{name_or_path}'; known: {', '.join(known)}")
+    elif not path.is_file():
+        raise TargetError(f"target file '{path}' does not exist")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise TargetError(f"target file '{path}' is not valid TOML: {exc}") from None
+    target = parse_target(doc, str(path))
+    if path.parent == directory and target.name != path.stem:
+        raise TargetError(f"target file '{path}' names itself '{target.name}'; make name match the file")
+    return target
