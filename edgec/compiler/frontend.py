@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from typing import Iterator
 
 import onnx
 import tvm
-import tvm.relax.frontend.onnx as onnx_frontend
+from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import ModelError, describe
 from ..model import Model
+from .converters import CONVERTERS
+
+_tvm_convert_map = onnx_frontend._get_convert_map
+
+
+def convert_map() -> dict[str, type]:
+    """TVM's converters with edgec's on top (edgec's win where both exist)."""
+    return {**_tvm_convert_map(), **CONVERTERS}
+
+
+@contextlib.contextmanager
+def _edgec_converters() -> Iterator[None]:
+    # The importer looks its converters up through this module-level function on every node.
+    onnx_frontend._get_convert_map = convert_map
+    try:
+        yield
+    finally:
+        onnx_frontend._get_convert_map = _tvm_convert_map
 
 
 def import_onnx(model: Model) -> tvm.IRModule:
@@ -25,7 +45,7 @@ def import_onnx(model: Model) -> tvm.IRModule:
             f"{', '.join(sorted(unsupported))}"
         )
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _edgec_converters():
             warnings.simplefilter("ignore")
             mod = onnx_frontend.from_onnx(model.proto, keep_params_in_input=False)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
@@ -35,7 +55,7 @@ def import_onnx(model: Model) -> tvm.IRModule:
 
 def unsupported_ops(proto: onnx.ModelProto) -> set[str]:
     """Operators anywhere in the graph, subgraphs included, that the importer has no converter for."""
-    known = set(onnx_frontend.onnx_frontend._get_convert_map()) | {"If", "Constant"}
+    known = set(convert_map()) | {"If", "Constant"}
     found: set[str] = set()
 
     def visit(graph: onnx.GraphProto) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import ArtifactError, InputFileError
+from ..errors import ArtifactError, InputFileError, describe
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -59,7 +59,7 @@ class Artifact:
         """Parse and verify an artifact; raises ArtifactError naming what is wrong."""
         try:
             archive = zipfile.ZipFile(io.BytesIO(data))
-        except (zipfile.BadZipFile, ValueError):
+        except Exception:  # zipfile raises many unrelated types on malformed input
             raise ArtifactError(f"'{where}' is not an edgec artifact (not a zip archive); rebuild it") from None
         with archive:
             infos = archive.infolist()
@@ -73,8 +73,8 @@ class Artifact:
             try:
                 manifest = json.loads(archive.read(MANIFEST_NAME))
                 files = {n: archive.read(n) for n in sorted(names - {MANIFEST_NAME})}
-            except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as exc:
-                raise ArtifactError(f"'{where}' is corrupt ({exc}); rebuild it") from None
+            except Exception as exc:  # as above: any failure to parse means a corrupt file
+                raise ArtifactError(f"'{where}' is corrupt ({describe(exc)}); rebuild it") from None
         check_manifest(manifest, files, where)
         return cls(manifest, files)
 
@@ -97,8 +97,8 @@ def _check_member(info: zipfile.ZipInfo, where: str) -> None:
     if name.startswith(("/", "\\")) or pure.is_absolute() or ".." in pure.parts or "\\" in name \
             or (len(name) > 1 and name[1] == ":"):
         raise ArtifactError(f"'{where}' has member '{name}' whose path escapes the archive; refusing it")
-    mode = info.external_attr >> 16
-    if mode and not stat.S_ISREG(mode):
+    file_type = stat.S_IFMT(info.external_attr >> 16)
+    if file_type and file_type != stat.S_IFREG:
         raise ArtifactError(f"'{where}' has member '{name}' that is not a plain file; refusing it")
 
 

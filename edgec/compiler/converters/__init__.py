@@ -1,0 +1,11 @@
+"""edgec's own ONNX operator converters, added to TVM's importer for the ops it lacks or mishandles.
+
+``CONVERTERS`` maps an ONNX op type to a converter class in the style of TVM's
+``OnnxOpConverter`` (a ``get_converter(opset)`` classmethod returning
+``impl(bb, inputs, attrs, params)``). ``edgec.compiler.frontend`` installs them for the duration
+of an import.
+"""
+
+from __future__ import annotations
+
+CONVERTERS: dict[str, type] = {}

@@ -1,0 +1,55 @@
+import math
+
+import numpy as np
+import pytest
+
+from conftest import MLP_SHAPES, mlp_model, mlp_samples
+from edgec.bench import BenchResult, BenchSettings, bench, compare_outputs, latency_stats
+from edgec.errors import StageInputError
+from edgec.model import from_proto
+from edgec.report import report
+from edgec.samples import Sample
+
+
+def test_latency_stats_are_percentiles():
+    stats = latency_stats(list(range(1, 101)))
+    assert stats["p50_ms"] == 50.5 and stats["p90_ms"] == pytest.approx(90.1)
+    assert stats["min_ms"] == 1 and stats["max_ms"] == 100 and stats["runs"] == 100
+
+
+def test_compare_outputs_measures_abs_rel_and_cosine():
+    ref = {"y": np.array([1.0, 2.0, -4.0], np.float32)}
+    same = compare_outputs(ref, ref)
+    assert same == {"max_abs": 0.0, "max_rel": 0.0, "cosine_min": pytest.approx(1.0)}
+    off = compare_outputs({"y": np.array([1.0, 2.0, -3.0], np.float32)}, ref)
+    assert off["max_abs"] == 1.0 and off["max_rel"] == 0.25 and off["cosine_min"] < 0.999
+    assert math.isinf(compare_outputs({"y": np.zeros(2, np.float32)}, ref)["max_abs"])
+    nan = {"y": np.array([np.nan], np.float32)}
+    assert compare_outputs(nan, nan)["max_abs"] == 0.0
+    assert math.isinf(compare_outputs({"y": np.array([1.0], np.float32)}, nan)["max_abs"])
+
+
+def test_bench_measures_both_runtimes_and_accuracy(mlp_artifact, tmp_path):
+    model = from_proto(mlp_model(), "mlp")
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES + [(4, 9)]))]
+    result = bench(mlp_artifact, model, samples, BenchSettings(runs=3, warmup=1))
+    for runtime in ("edgec", "onnxruntime"):
+        stats = result[runtime]
+        assert 0 < stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"] and stats["runs"] == 33
+    assert result["accuracy"]["max_rel"] < 1e-5 and result["accuracy"]["cosine_min"] > 0.99999
+    assert result["artifact_bytes"] == mlp_artifact.stat().st_size
+    assert {row["shape"] for row in result["per_shape"]} >= {"batch=1,seq=8", "batch=4,seq=9"}
+    assert result["ratio_p50"] == pytest.approx(result["edgec"]["p50_ms"] / result["onnxruntime"]["p50_ms"], rel=1e-3)
+    loaded = BenchResult.load(result.save(tmp_path / "r.json"))
+    assert loaded["edgec"] == result["edgec"]
+
+    files = report([loaded]).files
+    assert "| mlp | x86_64 |" in files["report.md"] and "batch=4,seq=9" in files["report.md"]
+    assert files["report.csv"].splitlines()[0].startswith("model,target,edgec_p50_ms")
+    assert len(files["report.csv"].splitlines()) == 2
+
+
+def test_bench_refuses_another_model(mlp_artifact):
+    other = from_proto(mlp_model(seed=9))
+    with pytest.raises(StageInputError, match="another model"):
+        bench(mlp_artifact, other, [Sample("s", mlp_samples([(1, 2)])[0])])

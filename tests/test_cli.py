@@ -1,0 +1,74 @@
+"""The CLI contract: command names, outputs, and one-line errors with no partial files."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgec.cli import main
+from edgec.errors import ArtifactError, InputFileError, ModelError, SamplesError, TargetError
+
+
+def _edgec(*args):
+    return subprocess.run([sys.executable, "-m", "edgec", *map(str, args)], capture_output=True, text=True)
+
+
+def test_stage_by_stage_matches_compile(mlp_dir, tmp_path, capsys):
+    model, samples = mlp_dir / "model.onnx", mlp_dir / "samples"
+    assert main(["profile", str(model), "--samples", str(samples), "-o", str(tmp_path / "p.json")]) == 0
+    assert main(["plan", str(model), "--profile", str(tmp_path / "p.json"), "--target", "x86_64",
+                 "-o", str(tmp_path / "plan.json")]) == 0
+    assert main(["build", str(model), "--plan", str(tmp_path / "plan.json"), "--target", "x86_64",
+                 "-o", str(tmp_path / "a.edgec")]) == 0
+    assert main(["compile", str(model), "--samples", str(samples), "--target", "x86_64",
+                 "--save-stages", str(tmp_path / "stages"), "-o", str(tmp_path / "b.edgec")]) == 0
+    assert (tmp_path / "stages" / "plan.json").is_file()
+    assert (tmp_path / "a.edgec").read_bytes() == (tmp_path / "b.edgec").read_bytes()
+
+    assert main(["run", str(tmp_path / "a.edgec"), "--inputs", str(samples / "sample_009.npz"),
+                 "-o", str(tmp_path / "y.npz")]) == 0
+    with np.load(tmp_path / "y.npz") as out:
+        assert list(out.keys()) == ["y"] and out["y"].shape == (3, 5, 8)
+
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "a.edgec")]) == 0
+    shown = capsys.readouterr().out
+    assert "spec_0     specialized [batch=1, seq=8" in shown and "generic    symbolic fallback" in shown
+
+    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples), "--runs", "2",
+                 "-o", str(tmp_path / "r.json")]) == 0
+    assert main(["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").read_text().startswith("# edgec benchmark report")
+
+
+def test_targets_and_version(capsys):
+    assert main(["targets"]) == 0
+    assert "x86_64" in capsys.readouterr().out
+    assert main(["--version"]) == 0
+
+
+@pytest.mark.parametrize("make_args, error", [
+    (lambda d, t: ["profile", t / "missing.onnx", "--samples", d / "samples", "-o", t / "out.json"], InputFileError),
+    (lambda d, t: ["profile", d / "samples" / "sample_000.npz", "--samples", d / "samples", "-o", t / "out.json"], ModelError),
+    (lambda d, t: ["profile", d / "model.onnx", "--samples", t / "bad.npz", "-o", t / "out.json"], SamplesError),
+    (lambda d, t: ["compile", d / "model.onnx", "--samples", d / "samples", "--target", "nope", "-o", t / "out.json"], TargetError),
+    (lambda d, t: ["run", t / "bad.npz", "--inputs", d / "samples", "-o", t / "out.json"], ArtifactError),
+])
+def test_user_errors_print_one_line_exit_with_their_code_and_write_nothing(mlp_dir, tmp_path, make_args, error):
+    np.savez(tmp_path / "bad.npz", x=np.zeros((1, 2, 3), np.int32))
+    result = _edgec(*make_args(mlp_dir, tmp_path))
+    assert result.returncode == error.exit_code, result.stderr
+    assert result.stderr.startswith("edgec: error: ") and result.stderr.count("\n") == 1
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = _edgec("--debug", "profile", tmp_path / "missing.onnx", "--samples", tmp_path, "-o", tmp_path / "o")
+    assert result.returncode == InputFileError.exit_code and "Traceback" in result.stderr
+
+
+def test_usage_errors_exit_2_without_traceback():
+    result = _edgec("compile")
+    assert result.returncode == 2 and "Traceback" not in result.stderr

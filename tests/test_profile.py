@@ -1,0 +1,110 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import MLP_SHAPES, mlp_model, mlp_samples
+from edgec.errors import SamplesError, StageInputError
+from edgec.model import from_proto
+from edgec.profile import Profile, profile
+from edgec.samples import Sample
+
+
+def _samples(arrays_list):
+    return [Sample(f"s{i}", a) for i, a in enumerate(arrays_list)]
+
+
+def if_model() -> onnx.ModelProto:
+    """y = x * 2 if sum(x) > 0 else x - 1."""
+    then_graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["t"], name="mul")], "then", [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n"])])
+    else_graph = helper.make_graph(
+        [helper.make_node("Sub", ["x", "one"], ["e"], name="sub")], "else", [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n"])])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, name="sum"),
+         helper.make_node("Greater", ["s", "zero"], ["c"], name="gt"),
+         helper.make_node("If", ["c"], ["y"], then_branch=then_graph, else_branch=else_graph, name="branch")],
+        "ifg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+         helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def loop_model() -> onnx.ModelProto:
+    """Doubles x until its sum exceeds 100 (at most 20 times); scan output: sum per step."""
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["v_in", "two"], ["v_out"], name="double"),
+         helper.make_node("ReduceSum", ["v_out"], ["total"], keepdims=0, name="total"),
+         helper.make_node("Less", ["total", "limit"], ["cond_out"], name="less"),
+         helper.make_node("Identity", ["total"], ["scan"], name="scan_id")],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("scan", TensorProto.FLOAT, [])],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["max", "true", "x"], ["final", "sums"], body=body, name="loop")],
+        "loopg", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("final", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("sums", TensorProto.FLOAT, ["steps"])],
+        [helper.make_tensor("max", TensorProto.INT64, [], [20]),
+         helper.make_tensor("true", TensorProto.BOOL, [], [True]),
+         helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("limit", TensorProto.FLOAT, [], [100.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_profile_records_dims_shapes_nodes_and_ranges():
+    model = from_proto(mlp_model())
+    prof = profile(model, _samples(mlp_samples(MLP_SHAPES)))
+    assert prof.sample_count == 10
+    assert prof.dims == {"batch": {"1": 6, "2": 3, "3": 1}, "seq": {"3": 1, "4": 3, "5": 1, "8": 5}}
+    assert [s["dims"] for s in prof.shapes[:2]] == [{"batch": 1, "seq": 8}, {"batch": 2, "seq": 4}]
+    assert [s["count"] for s in prof.shapes] == [5, 3, 1, 1]
+    assert set(prof.nodes) == {"matmul", "relu"} and prof.nodes["matmul"]["op"] == "MatMul"
+    assert prof.ranges["y"]["min"] == 0.0 and prof.ranges["h"]["min"] < 0 < prof.ranges["h"]["max"]
+    assert all(s["reference_ms"] > 0 for s in prof.shapes)
+
+
+def test_profile_counts_branches_of_if():
+    xs = [np.array(v, np.float32) for v in ([1, 2], [-5, 1], [3, 3, 3], [-1, -1, -1], [0.5])]
+    prof = profile(from_proto(if_model()), _samples([{"x": x} for x in xs]))
+    assert prof.control_flow == {"branch": {"op": "If", "branches": {"then": 3, "else": 2}}}
+
+
+def test_profile_counts_loop_trips():
+    xs = [np.array(v, np.float32) for v in ([1, 1], [60, 0], [200.0], [1e-6])]
+    prof = profile(from_proto(loop_model()), _samples([{"x": x} for x in xs]))
+    loop = prof.control_flow["loop"]
+    # Sums 2 -> doubles until >= 100: 6 steps; 60 -> 120: 1; 200 -> 1; 1e-6 hits the max of 20.
+    assert loop["trips"] == {"1": 2, "6": 1, "20": 1}
+    assert (loop["trip_min"], loop["trip_max"]) == (1, 20)
+
+
+def test_profile_round_trips_through_json(tmp_path):
+    prof = profile(from_proto(mlp_model()), _samples(mlp_samples([(1, 2), (2, 2)])))
+    path = prof.save(tmp_path / "p.json")
+    assert Profile.load(path) == prof
+
+
+def test_profile_needs_samples_and_the_right_file(tmp_path):
+    with pytest.raises(SamplesError):
+        profile(from_proto(mlp_model()), [])
+    other = tmp_path / "x.json"
+    other.write_text('{"kind": "plan", "format_version": 1}')
+    with pytest.raises(StageInputError, match="holds a 'plan', not a profile"):
+        Profile.load(other)
+    other.write_text("{")
+    with pytest.raises(StageInputError, match="not a JSON profile"):
+        Profile.load(other)
