@@ -50,11 +50,12 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
         codegen = codegen_for(target)
         library = codegen.compile(mod, target)
         file = f"lib/{target.name}.so"
-        files[file] = library
+        files[file] = library.data
         libraries[target.name] = {
-            "file": file, "sha256": sha256_hex(library), "bytes": len(library),
+            "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
             "arch": target.arch, "kind": target.kind, "device": codegen.device,
-            "tvm_target": target.tvm, "functions": functions, "native_dependencies": [],
+            "tvm_target": target.tvm, "functions": functions,
+            "native_dependencies": library.native_dependencies,
         }
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
 
 from ..errors import CompileError, ToolchainError, describe
 from ..targets import Target
+
+
+@dataclass(frozen=True)
+class CompiledLibrary:
+    """A target's model library and the shared libraries it needs at run time besides TVM's."""
+
+    data: bytes
+    native_dependencies: list[str] = field(default_factory=list)
 
 
 class LLVMCodegen:
@@ -27,7 +36,7 @@ class LLVMCodegen:
         except Exception as exc:  # TVM validates target attributes with its own error types
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
-    def compile(self, mod: tvm.IRModule, target: Target) -> bytes:
+    def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
         tvm_target = self.tvm_target(target)
         try:
             executable = tvm.compile(mod, tvm_target)
@@ -47,7 +56,7 @@ class LLVMCodegen:
                 executable.export_library(str(path), **export_kwargs)
             except Exception as exc:  # the linker's failure surfaces as a RuntimeError
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
-            return path.read_bytes()
+            return CompiledLibrary(path.read_bytes())
 
 
 CODEGENS = {"llvm": LLVMCodegen()}
