@@ -52,3 +52,17 @@ def test_runtime_never_loads_the_compiler(mlp_artifact):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "(1, 8, 8) False [] False"
+
+
+def test_aligned_copies_only_misaligned_or_strided_arrays():
+    from edgec.runtime import ALIGNMENT, aligned
+
+    buffer = np.zeros(4 * 64 + ALIGNMENT, np.uint8)
+    start = (-buffer.ctypes.data) % ALIGNMENT
+    good = buffer[start: start + 256].view(np.float32)
+    assert aligned(good) is good
+    bad = buffer[start + 4: start + 4 + 252].view(np.float32)
+    fixed = aligned(bad)
+    assert fixed.ctypes.data % ALIGNMENT == 0 and np.array_equal(fixed, bad)
+    strided = np.arange(20, dtype=np.float32)[::2]
+    assert aligned(strided).flags.c_contiguous and np.array_equal(aligned(strided), strided)

@@ -28,7 +28,21 @@ __all__ = ["Model", "load", "host_arch", "TensorSpec"]
 
 _KDL_CPU = 1
 _POOLED_ALLOCATOR = 2
+# TVM's kernels assume tensors aligned like its own allocations and use aligned vector loads:
+# a numpy array at a 16-byte boundary can crash them.
+ALIGNMENT = 64
 _runtime_loaded = False
+
+
+def aligned(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when C-contiguous and 64-byte aligned, else an aligned contiguous copy."""
+    if array.flags.c_contiguous and array.ctypes.data % ALIGNMENT == 0:
+        return array
+    buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
+    offset = (-buffer.ctypes.data) % ALIGNMENT
+    copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
 
 
 def host_arch() -> str:
@@ -99,8 +113,7 @@ class Model:
         symbolic dims shared between inputs.
         """
         bind_inputs(self.inputs, inputs, f"inputs to '{Path(self.path).name}'", SamplesError)
-        args = [self._ffi.from_dlpack(np.ascontiguousarray(inputs[spec.name])) for spec in self.inputs]
-        result = self._main(*args)
+        result = self._main(*self.to_device_args(inputs))
         values = _flatten(result)
         if len(values) != len(self.outputs):
             raise ArtifactError(
@@ -113,7 +126,11 @@ class Model:
         return self._main(*args)
 
     def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
-        return [self._ffi.from_dlpack(np.ascontiguousarray(inputs[s.name])) for s in self.inputs]
+        """The inputs as ``tvm_ffi`` tensors over aligned memory, in the order ``main`` takes them."""
+        return [
+            self._ffi.from_dlpack(aligned(inputs[spec.name]), require_alignment=ALIGNMENT)
+            for spec in self.inputs
+        ]
 
 
 def _flatten(result: Any) -> list[Any]:
