@@ -8,6 +8,7 @@ from typing import Iterator
 
 import onnx
 import tvm
+from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import ModelError, describe
@@ -50,7 +51,9 @@ def import_onnx(model: Model) -> tvm.IRModule:
             mod = onnx_frontend.from_onnx(model.proto, keep_params_in_input=False)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
         raise ModelError(f"model '{model.name}' failed to import: {describe(exc)}") from None
-    return mod
+    # The importer emits no dataflow block when shape logic or an If sits at the top level, and
+    # operator fusion only works inside dataflow blocks: regroup the pure bindings.
+    return relax.transform.ConvertToDataflow()(mod)
 
 
 def unsupported_ops(proto: onnx.ModelProto) -> set[str]:
