@@ -92,7 +92,14 @@ def profile_cmd(model: Path, samples_path: Path, output: Path) -> None:
     loaded = load_model(model)
     result = profile(loaded, load_samples(samples_path, loaded))
     result.save(output)
+    _note_reference_error(result)
     click.echo(f"profiled {result.sample_count} samples, {len(result.shapes)} distinct shapes -> {output}")
+
+
+def _note_reference_error(prof) -> None:
+    if prof.reference_error:
+        click.echo(f"note: shapes only, onnxruntime could not run the model: {prof.reference_error}",
+                   err=True)
 
 
 @cli.command("plan")
@@ -157,6 +164,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     settings = PlanSettings(policy, max_specializations, min_share)
     settings.check()
     prof = profile(loaded, load_samples(samples_path, loaded))
+    _note_reference_error(prof)
     the_plan = plan(loaded, prof, target_list[0], settings)
     artifact = build(loaded, the_plan, target_list)
     if save_stages is not None:
@@ -277,6 +285,31 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
             click.echo(f"    {func['name']:10s} {func['kind']}" + (f" [{dims}{share}]" if dims else ""))
     versions = manifest.get("versions", {})
     click.echo(f"  built with edgec {versions.get('edgec')}, TVM {versions.get('tvm')}")
+
+
+@cli.command("conformance")
+@click.option("--subset", type=click.Choice(["ci", "all"]), default="ci", show_default=True,
+              help="ci: every If/Loop/Scan case and every 10th other case; all: 1884 cases (hours).")
+@click.option("--filter", "prefixes", multiple=True, help="Only cases whose name starts with this.")
+@click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds per case.")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Folder to write.")
+def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, output: Path) -> None:
+    """Run ONNX's operator test cases through the whole pipeline; write a table per case."""
+    from .conformance import ci_subset, node_cases, run_suite, summarize, write_results
+
+    names = sorted(node_cases())
+    if subset == "ci":
+        names = ci_subset(names)
+    if prefixes:
+        names = [n for n in names if n.startswith(prefixes)]
+    results = []
+    for index, result in enumerate(run_suite(names, timeout_s=timeout), 1):
+        results.append(result)
+        click.echo(f"[{index}/{len(names)}] {result.status:7s} {result.name} {result.detail[:120]}")
+    write_results(results, output)
+    summary = summarize(results)
+    click.echo(f"{summary['pass']} passed, {summary['cases'] - summary['pass']} failed "
+               f"(of {summary['cases']}; control flow {summary['control_flow']['pass']} passed)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ class Profile:
     control_flow: dict[str, dict[str, Any]]
     nodes: dict[str, dict[str, Any]]
     ranges: dict[str, dict[str, float]]
+    reference_error: str = ""
     versions: dict[str, str] = field(default_factory=tool_versions)
 
     def shape_distribution(self) -> list[tuple[dict[str, int], float]]:
@@ -63,7 +64,7 @@ class Profile:
             },
             "sample_count": self.sample_count, "dims": self.dims, "shapes": self.shapes,
             "control_flow": self.control_flow, "nodes": self.nodes, "ranges": self.ranges,
-            "versions": self.versions,
+            "reference_error": self.reference_error, "versions": self.versions,
         }
         return save_json_value(path, "profile", PROFILE_VERSION, payload)
 
@@ -77,7 +78,7 @@ class Profile:
             outputs=[TensorSpec.from_json(s) for s in model["outputs"]],
             sample_count=doc["sample_count"], dims=doc["dims"], shapes=doc["shapes"],
             control_flow=doc["control_flow"], nodes=doc["nodes"], ranges=doc["ranges"],
-            versions=doc["versions"],
+            reference_error=doc["reference_error"], versions=doc["versions"],
         )
 
 
@@ -158,43 +159,75 @@ def _merge_range(old: dict[str, float] | None, new: dict[str, float], count: int
 def profile(model: Model, samples: list[Sample]) -> Profile:
     """Run ``model`` on ``samples`` with onnxruntime and return what was observed.
 
-    Samples must already be checked against the model (``load_samples`` does it). Raises
-    ``SamplesError`` when there are none and ``ModelError`` when onnxruntime cannot run the model.
+    Samples must already be checked against the model (``load_samples`` does it); raises
+    ``SamplesError`` when there are none. Shapes come from the samples themselves. When
+    onnxruntime cannot run the model, the rest (branches, trips, times, ranges) stays empty and
+    ``reference_error`` says why: edgec may compile what onnxruntime cannot run.
     """
     if not samples:
         raise SamplesError("no samples to profile; pass at least one .npz file")
+    keys = [tuple(sorted(sample_dims(model, sample).items())) for sample in samples]
+    dim_counts: dict[str, Counter] = {d: Counter() for d in model.dynamic_dims}
+    for key in keys:
+        for dim, value in key:
+            dim_counts[dim][str(value)] += 1
+    try:
+        observed = _observe(model, samples, keys)
+        reference_error = ""
+    except ModelError as exc:
+        observed = _Observations()
+        reference_error = str(exc)
+    shapes = [
+        {"dims": dict(key), "count": count,
+         "reference_ms": (round(float(np.median(observed.shape_times[key])), 4)
+                          if observed.shape_times.get(key) else None)}
+        for key, count in sorted(Counter(keys).items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    return Profile(
+        model_name=model.name, model_sha256=model.sha256,
+        inputs=list(model.inputs), outputs=list(model.outputs),
+        sample_count=len(samples),
+        dims={d: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for d, c in dim_counts.items()},
+        shapes=shapes, control_flow=observed.control_flow, nodes=observed.nodes,
+        ranges=dict(sorted(observed.ranges.items())), reference_error=reference_error,
+    )
+
+
+@dataclass
+class _Observations:
+    """What running the model with onnxruntime showed."""
+
+    shape_times: dict[tuple, list[float]] = field(default_factory=dict)
+    control_flow: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ranges: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observations:
+    """Reference latency per shape, control-flow statistics, node times and activation ranges."""
     reference = reference_session(model.proto)
     instrumented_proto, trips = _instrumented(model)
     instrumented = reference_session(instrumented_proto, optimize=False)
     nodes = {n.name: n for n in model.proto.graph.node}
     initializers = {i.name: i for i in model.proto.graph.initializer}
-
-    dim_counts: dict[str, Counter] = {d: Counter() for d in model.dynamic_dims}
-    shape_counts: Counter = Counter()
-    shape_times: dict[tuple, list[float]] = defaultdict(list)
-    control: dict[str, dict[str, Any]] = {}
+    observed = _Observations(shape_times=defaultdict(list))
     trip_counts: dict[str, Counter] = defaultdict(Counter)
     branch_counts: dict[str, Counter] = defaultdict(Counter)
-    ranges: dict[str, dict[str, float]] = {}
     range_counts: Counter = Counter()
 
-    for sample in samples:
-        dims = sample_dims(model, sample)
-        key = tuple(sorted(dims.items()))
-        shape_counts[key] += 1
-        for dim, value in dims.items():
-            dim_counts[dim][str(value)] += 1
+    for sample, key in zip(samples, keys):
         try:
             reference.run(sample.arrays)  # warm-up: first runs allocate
             times = [reference.timed_run(sample.arrays)[1] for _ in range(_TIMING_RUNS)]
             values = {**sample.arrays, **instrumented.run(sample.arrays)}
         except Exception as exc:  # onnxruntime's own error types
             raise ModelError(f"onnxruntime failed on sample '{sample.name}': {describe(exc)}") from None
-        shape_times[key].append(float(np.median(times)))
+        observed.shape_times[key].append(float(np.median(times)))
         for name, value in values.items():
             if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
                 range_counts[name] += 1
-                ranges[name] = _merge_range(ranges.get(name), _range_of(value), range_counts[name])
+                observed.ranges[name] = _merge_range(
+                    observed.ranges.get(name), _range_of(value), range_counts[name])
         for name, node in nodes.items():
             if node.op_type == "If":
                 cond = values.get(node.input[0])
@@ -209,30 +242,19 @@ def profile(model: Model, samples: list[Sample]) -> Profile:
 
     for name, node in nodes.items():
         if node.op_type == "If":
-            control[name] = {"op": "If", "branches": {b: branch_counts[name][b] for b in ("then", "else")}}
+            observed.control_flow[name] = {
+                "op": "If", "branches": {b: branch_counts[name][b] for b in ("then", "else")}}
         elif node.op_type in ("Loop", "Scan"):
             counts = trip_counts[name]
             seen = sorted(counts.elements())
-            control[name] = {
+            observed.control_flow[name] = {
                 "op": node.op_type,
                 "trips": {str(k): counts[k] for k in sorted(counts)},
                 "trip_min": seen[0], "trip_max": seen[-1],
                 "trip_mean": round(float(np.mean(seen)), 3),
             }
-
-    shapes = [
-        {"dims": dict(key), "count": count,
-         "reference_ms": round(float(np.median(shape_times[key])), 4)}
-        for key, count in sorted(shape_counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    ]
-    return Profile(
-        model_name=model.name, model_sha256=model.sha256,
-        inputs=list(model.inputs), outputs=list(model.outputs),
-        sample_count=len(samples),
-        dims={d: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for d, c in dim_counts.items()},
-        shapes=shapes, control_flow=control, nodes=_node_times(model, samples),
-        ranges=dict(sorted(ranges.items())),
-    )
+    observed.nodes = _node_times(model, samples)
+    return observed
 
 
 def _scan_trips(node: onnx.NodeProto, values: dict[str, np.ndarray]) -> int:

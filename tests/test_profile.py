@@ -108,3 +108,16 @@ def test_profile_needs_samples_and_the_right_file(tmp_path):
     other.write_text("{")
     with pytest.raises(StageInputError, match="not a JSON profile"):
         Profile.load(other)
+
+
+def test_profile_keeps_shapes_when_onnxruntime_cannot_run_the_model():
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu", domain="com.example")],
+        "custom", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    prof = profile(from_proto(model), _samples([{"x": np.ones(3, np.float32)}]))
+    assert prof.shapes[0]["dims"] == {"n": 3} and prof.shapes[0]["reference_ms"] is None
+    assert "onnxruntime" in prof.reference_error and prof.nodes == {}
