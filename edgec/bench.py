@@ -1,19 +1,23 @@
-"""The bench stage: latency, accuracy and size of an artifact beside onnxruntime, in the same run.
+"""The bench stage: latency, accuracy and size of an artifact beside its baselines, in the same run.
 
-edgec and onnxruntime run one after the other (never interleaved, onnxruntime's threads do not
-spin), each with its warm-up, on the same samples. Latencies are per call, wall clock; the ratio is
-edgec's median over onnxruntime's median, so machine noise that hits both cancels out.
+edgec and each baseline run one after the other (never interleaved; onnxruntime's threads do not
+spin), each with its warm-up, on the same samples. Latencies are per call, wall clock; ratios are
+edgec's median over the baseline's median, so machine noise that hits both cancels out.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -119,80 +123,199 @@ def _shape_key(dims: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
 
 
+def git_commit() -> str:
+    """The commit of the edgec checkout this code runs from, or "" outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def _find_shared_library(name: str) -> Path | None:
+    """Where the dynamic loader would find ``name`` (e.g. ``libdnnl.so.2``), from ldconfig's cache."""
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in listing.splitlines():
+        if line.strip().startswith(name + " ") and "=>" in line:
+            return Path(line.split("=>", 1)[1].strip())
+    return None
+
+
+def runtime_footprint(library: dict[str, Any]) -> dict[str, int]:
+    """Bytes of the shared libraries a device needs to run this library, by file name."""
+    import tvm_ffi.libinfo
+
+    files = {"libtvm_runtime.so": runtime._runtime_library(),
+             "libtvm_ffi.so": Path(tvm_ffi.libinfo.find_libtvm_ffi())}
+    for dependency in library.get("native_dependencies", []):
+        found = _find_shared_library(dependency)
+        if found is not None:
+            files[dependency] = found
+    return {name: path.resolve().stat().st_size for name, path in files.items() if path.exists()}
+
+
+def top1_agreement(actual: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Per float output with a class axis (last dim > 1): how often the argmax agrees."""
+    agreement = {}
+    for name, ref in expected[0].items():
+        if ref.dtype.kind != "f" or ref.ndim == 0 or ref.shape[-1] < 2:
+            continue
+        hits = total = 0
+        for got, want in zip(actual, expected):
+            if got[name].shape != want[name].shape:
+                continue
+            same = np.argmax(got[name], axis=-1) == np.argmax(want[name], axis=-1)
+            hits += int(same.sum())
+            total += same.size
+        agreement[name] = round(hits / total, 6) if total else 0.0
+    return agreement
+
+
+class _Progress:
+    """One line on stderr updated in place, only when stderr is a terminal."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.enabled = sys.stderr.isatty()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            sys.stderr.write(f"\r{self.label} {self.done}/{self.total} {what[:40]:40s}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings: BenchSettings,
+             progress: _Progress, name: str) -> tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]:
+    """Latency per call grouped by shape, and the outputs of the last call on each sample."""
+    per_shape: dict[str, list[float]] = defaultdict(list)
+    outputs = []
+    for sample, shape in zip(samples, shapes):
+        for _ in range(settings.warmup):
+            call(sample.arrays)
+        for _ in range(settings.runs):
+            start = time.perf_counter()
+            out = call(sample.arrays)
+            per_shape[shape].append((time.perf_counter() - start) * 1e3)
+        outputs.append({k: np.array(v) for k, v in out.items()})
+        progress.step(f"{name} {sample.name}")
+    return per_shape, outputs
+
+
+BASELINES = ("onnxruntime", "onnxruntime-1t", "tvm-plain")
+
+
+def _plain_tvm_build(model: Model, target_name: str, tmp: Path) -> Callable:
+    """The same model built by TVM with no plan (symbolic, no specialization), loaded to run."""
+    from .build import build
+    from .plan import Plan, PlanSettings, Region
+    from .targets import load_target
+
+    target = load_target(target_name)
+    nodes = [n.name for n in model.proto.graph.node]
+    plain = Plan(model.name, model.sha256, target.name, PlanSettings(policy="symbolic"),
+                 [Region("main", nodes, "symbolic" if model.dynamic_dims else "static", [],
+                         bool(model.dynamic_dims), [], "baseline: TVM without edgec's plan")], 0.0)
+    path = build(model, plain, [target]).save(tmp / "tvm-plain.edgec")
+    return runtime.load(path).run
+
+
 def bench(
     artifact_path: str | Path,
     model: Model,
     samples: list[Sample],
     settings: BenchSettings = BenchSettings(),
     target: str | None = None,
+    baselines: tuple[str, ...] = ("onnxruntime", "onnxruntime-1t"),
 ) -> BenchResult:
-    """Benchmark the artifact at ``artifact_path`` against onnxruntime running ``model``.
+    """Benchmark the artifact at ``artifact_path`` against baselines running ``model``.
 
-    ``model`` must be the model the artifact was built from. Every sample is run ``warmup`` times
-    unmeasured, then ``runs`` times measured, first all with edgec, then all with onnxruntime.
+    ``model`` must be the model the artifact was built from. Each system runs every sample
+    ``warmup`` times unmeasured, then ``runs`` times measured; systems run one after the other,
+    edgec first. ``onnxruntime`` (``settings.threads`` threads) is always measured: accuracy and
+    the ratio are against it. Other baselines: ``onnxruntime-1t`` (one thread) and ``tvm-plain``
+    (the same model built by TVM with no plan, which compiles it here).
     """
     settings.check()
+    unknown = sorted(set(baselines) - set(BASELINES))
+    if unknown:
+        raise EdgecError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
     start = time.perf_counter()
     compiled = runtime.load(artifact_path, target=target, threads=settings.threads)
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
-    reference = reference_session(model.proto, threads=settings.threads)
-
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]
-    results = {}
-    for name, call in (("edgec", compiled.run), ("onnxruntime", reference.run)):
-        per_shape: dict[str, list[float]] = defaultdict(list)
-        outputs = []
-        for sample, shape in zip(samples, shapes):
-            for _ in range(settings.warmup):
-                call(sample.arrays)
-            for _ in range(settings.runs):
-                t0 = time.perf_counter()
-                out = call(sample.arrays)
-                per_shape[shape].append((time.perf_counter() - t0) * 1e3)
-            outputs.append({k: np.array(v) for k, v in out.items()})
-        results[name] = (per_shape, outputs)
+    systems = ["edgec", "onnxruntime"] + [b for b in baselines if b != "onnxruntime"]
+    progress = _Progress(len(samples) * len(systems), "bench")
+    measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
+    measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with tempfile.TemporaryDirectory(prefix="edgec-bench-") as tmp:
+        for name in systems[1:]:
+            if name == "tvm-plain":
+                call = _plain_tvm_build(model, compiled.target, Path(tmp))
+            else:
+                threads = 1 if name == "onnxruntime-1t" else settings.threads
+                call = reference_session(model.proto, threads=threads).run
+            measured[name] = _measure(call, samples, shapes, settings, progress, name)
+    progress.close()
 
-    accuracy_rows = [compare_outputs(got, ref) for got, ref in
-                     zip(results["edgec"][1], results["onnxruntime"][1])]
+    reference_outputs = measured["onnxruntime"][1]
+    rows = [compare_outputs(got, ref) for got, ref in zip(measured["edgec"][1], reference_outputs)]
     accuracy = {
-        "max_abs": max(r["max_abs"] for r in accuracy_rows),
-        "max_rel": max(r["max_rel"] for r in accuracy_rows),
-        "cosine_min": min(r["cosine_min"] for r in accuracy_rows),
-        "per_sample": [{"sample": s.name, **r} for s, r in zip(samples, accuracy_rows)],
+        "max_abs": max(r["max_abs"] for r in rows),
+        "max_rel": max(r["max_rel"] for r in rows),
+        "cosine_min": min(r["cosine_min"] for r in rows),
+        "top1_agreement": top1_agreement(measured["edgec"][1], reference_outputs),
+        "per_sample": [{"sample": s.name, **r} for s, r in zip(samples, rows)],
     }
-    summary = {}
-    for name, (per_shape, _) in results.items():
-        everything = [t for times in per_shape.values() for t in times]
-        summary[name] = latency_stats(everything)
+    summary = {name: latency_stats([t for ts in per_shape.values() for t in ts])
+               for name, (per_shape, _) in measured.items()}
     per_shape_rows = []
     for shape in dict.fromkeys(shapes):
-        e = latency_stats(results["edgec"][0][shape])
-        o = latency_stats(results["onnxruntime"][0][shape])
+        stats = {name: latency_stats(per_shape[shape]) for name, (per_shape, _) in measured.items()}
         per_shape_rows.append({
-            "shape": shape, "samples": shapes.count(shape), "edgec": e, "onnxruntime": o,
-            "ratio_p50": round(e["p50_ms"] / o["p50_ms"], 4) if o["p50_ms"] > 0 else None,
+            "shape": shape, "samples": shapes.count(shape), **stats,
+            "ratio_p50": _ratio(stats["edgec"], stats["onnxruntime"]),
         })
-    artifact_bytes = Path(artifact_path).stat().st_size
     library = compiled.manifest["libraries"][compiled.target]
+    footprint = runtime_footprint(library)
     data = {
         "model": compiled.manifest["model"]["name"],
         "artifact": str(artifact_path),
         "target": compiled.target,
         "edgec": summary["edgec"],
         "onnxruntime": summary["onnxruntime"],
-        "ratio_p50": round(summary["edgec"]["p50_ms"] / summary["onnxruntime"]["p50_ms"], 4),
+        "ratio_p50": _ratio(summary["edgec"], summary["onnxruntime"]),
+        "baselines": {name: {**summary[name], "ratio_p50": _ratio(summary["edgec"], summary[name])}
+                      for name in systems[1:]},
         "accuracy": accuracy,
-        "artifact_bytes": artifact_bytes,
+        "artifact_bytes": Path(artifact_path).stat().st_size,
         "library_bytes": library["bytes"],
+        "runtime_bytes": sum(footprint.values()),
+        "runtime_files": footprint,
         "load_ms": round(load_ms, 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
         "per_shape": per_shape_rows,
         "plan": compiled.manifest.get("plan", {}),
         "settings": vars(settings),
         "samples": len(samples),
-        "machine": machine_info(),
+        "machine": {**machine_info(), "threads": settings.threads},
         "versions": tool_versions(),
+        "git_commit": git_commit(),
     }
     return BenchResult(data)
+
+
+def _ratio(edgec: dict[str, float], other: dict[str, float]) -> float | None:
+    return round(edgec["p50_ms"] / other["p50_ms"], 4) if other["p50_ms"] > 0 else None

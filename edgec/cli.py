@@ -210,9 +210,11 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, output: Path)
 @click.option("--warmup", default=2, show_default=True, type=int, help="Unmeasured calls per sample.")
 @click.option("--threads", default=2, show_default=True, type=int, help="Threads for both runtimes.")
 @click.option("--target", default=None, help="Bench this target's library (default: this host's).")
+@click.option("--baselines", default="onnxruntime,onnxruntime-1t", show_default=True,
+              help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
 @_out_opt("Where to write the result (JSON).")
 def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int, warmup: int,
-              threads: int, target: str | None, output: Path) -> None:
+              threads: int, target: str | None, baselines: str, output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
     from .bench import BenchSettings, bench
     from .model import load_model
@@ -226,7 +228,9 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
         model_path = Path(source)
     loaded = load_model(model_path)
     settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
-    result = bench(artifact, loaded, load_samples(samples_path, loaded), settings, target=target)
+    chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
+    result = bench(artifact, loaded, load_samples(samples_path, loaded), settings, target=target,
+                   baselines=chosen)
     result.save(output)
     click.echo(
         f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "

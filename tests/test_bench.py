@@ -5,7 +5,7 @@ import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.bench import BenchResult, BenchSettings, bench, compare_outputs, latency_stats
-from edgec.errors import StageInputError
+from edgec.errors import EdgecError, StageInputError
 from edgec.model import from_proto
 from edgec.report import report
 from edgec.samples import Sample
@@ -32,10 +32,13 @@ def test_compare_outputs_measures_abs_rel_and_cosine():
 def test_bench_measures_both_runtimes_and_accuracy(mlp_artifact, tmp_path):
     model = from_proto(mlp_model(), "mlp")
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES + [(4, 9)]))]
-    result = bench(mlp_artifact, model, samples, BenchSettings(runs=3, warmup=1))
-    for runtime in ("edgec", "onnxruntime"):
-        stats = result[runtime]
+    result = bench(mlp_artifact, model, samples, BenchSettings(runs=3, warmup=1),
+                   baselines=("onnxruntime", "onnxruntime-1t", "tvm-plain"))
+    for stats in (result["edgec"], result["onnxruntime"], *result["baselines"].values()):
         assert 0 < stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"] and stats["runs"] == 33
+    assert set(result["baselines"]) == {"onnxruntime", "onnxruntime-1t", "tvm-plain"}
+    assert result["runtime_files"]["libtvm_runtime.so"] > 1_000_000 and result["peak_rss_mb"] > 0
+    assert result["accuracy"]["top1_agreement"] == {"y": 1.0}
     assert result["accuracy"]["max_rel"] < 1e-5 and result["accuracy"]["cosine_min"] > 0.99999
     assert result["artifact_bytes"] == mlp_artifact.stat().st_size
     assert {row["shape"] for row in result["per_shape"]} >= {"batch=1,seq=8", "batch=4,seq=9"}
@@ -47,6 +50,12 @@ def test_bench_measures_both_runtimes_and_accuracy(mlp_artifact, tmp_path):
     assert "| mlp | x86_64 |" in files["report.md"] and "batch=4,seq=9" in files["report.md"]
     assert files["report.csv"].splitlines()[0].startswith("model,target,edgec_p50_ms")
     assert len(files["report.csv"].splitlines()) == 2
+
+
+def test_unknown_baseline_is_refused(mlp_artifact):
+    with pytest.raises(EdgecError, match="unknown baseline"):
+        bench(mlp_artifact, from_proto(mlp_model()), [Sample("s", mlp_samples([(1, 2)])[0])],
+              baselines=("pytorch-magic",))
 
 
 def test_bench_refuses_another_model(mlp_artifact):
