@@ -242,13 +242,28 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
 @cli.command("report")
 @click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Folder to write.")
-def report_cmd(results: tuple[Path, ...], output: Path) -> None:
-    """Render bench results as Markdown, CSV and JSON."""
+@click.option("--compare", "baseline_path", type=click.Path(path_type=Path), default=None,
+              help="A baseline report.json (or bench result) to hold these results against.")
+@click.option("--max-regression", default="10%", show_default=True,
+              help="Allowed worsening of latency ratio and accuracy against the baseline.")
+def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | None,
+               max_regression: str) -> None:
+    """Render bench results as Markdown, HTML, CSV and JSON; optionally gate on a baseline."""
     from .bench import BenchResult
-    from .report import report
+    from .fileio import write_text
+    from .report import RegressionError, compare, load_baseline, parse_margin, report
 
-    written = report([BenchResult.load(p) for p in results]).save(output)
+    margin = parse_margin(max_regression)
+    loaded = [BenchResult.load(p) for p in results]
+    written = report(loaded).save(output)
     click.echo("wrote " + ", ".join(str(p) for p in written))
+    if baseline_path is not None:
+        table, regressions = compare(loaded, load_baseline(baseline_path), margin)
+        write_text(output / "compare.md", table)
+        click.echo(table)
+        if regressions:
+            raise RegressionError(f"{len(regressions)} regression(s) beyond {margin:.0%} against "
+                                  f"'{baseline_path}': {'; '.join(regressions)}")
 
 
 @cli.command("targets")
@@ -289,6 +304,34 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
             click.echo(f"    {func['name']:10s} {func['kind']}" + (f" [{dims}{share}]" if dims else ""))
     versions = manifest.get("versions", {})
     click.echo(f"  built with edgec {versions.get('edgec')}, TVM {versions.get('tvm')}")
+
+
+@cli.command("debug")
+@_model_arg
+@_samples_opt
+@click.option("--target", required=True, help="A target name or a .toml file.")
+@click.option("--tolerance", default=1e-4, show_default=True, type=float,
+              help="Max abs difference relative to each activation's scale.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Also write the per-node table as JSON.")
+def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, output: Path | None) -> None:
+    """Name the first node (and region) whose compiled output diverges from the reference."""
+    from .debug import debug
+    from .fileio import write_text
+    from .model import load_model
+    from .samples import load_samples
+    from .targets import load_target
+
+    loaded = load_model(model)
+    result = debug(loaded, load_samples(samples_path, loaded), load_target(target), tolerance)
+    if output is not None:
+        write_text(output, json.dumps(result.to_json(), indent=1) + "\n")
+    for row in sorted(result.nodes, key=lambda r: -r["max_rel"])[:10]:
+        click.echo(f"  {row['max_rel']:10.3g}  {row['node']} ({row['op']}, region {row['region']})")
+    if result.first is None:
+        click.echo(f"no divergence: every activation within {tolerance:g} of the reference")
+    else:
+        click.echo(result.first.describe())
 
 
 @cli.command("conformance")

@@ -154,3 +154,26 @@ def load_model(path: str | Path) -> Model:
         raise ModelError(f"'{path}' is not an ONNX model (no graph); pass an .onnx file")
     name = path.parent.name if path.name == "model.onnx" and path.parent.name else path.stem
     return from_proto(proto, name, str(path.resolve()))
+
+
+def expose_activations(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph outputs also list every top-level node output.
+
+    Types and shapes come from ONNX shape inference; an activation whose type or rank it cannot
+    infer is not exposed. The original outputs keep their positions at the front.
+    """
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # inference is best effort; untyped activations are just not exposed
+        inferred = proto
+    known = {v.name: v for v in inferred.graph.value_info
+             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
+             and v.type.tensor_type.HasField("shape")}
+    present = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for out in node.output:
+            if out and out not in present and out in known:
+                proto.graph.output.append(known[out])
+                present.add(out)
+    return _normalize(proto)

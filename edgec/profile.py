@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import ModelError, SamplesError, describe
 from .fileio import load_json_value, save_json_value
-from .model import Model
+from .model import Model, expose_activations
 from .runtime.signature import TensorSpec
 from .provenance import tool_versions
 from .reference import reference_session
@@ -88,17 +88,9 @@ def _instrumented(model: Model) -> tuple[onnx.ModelProto, dict[str, str]]:
     Each top-level ``Loop`` gains a scan output of its iteration numbers, whose length is the trip
     count. Returns the proto and, per Loop node, the name of that extra output.
     """
-    proto = onnx.ModelProto.FromString(model.serialized())
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
-    except Exception:  # inference is best effort; untyped activations are just not exposed
-        inferred = proto
-    elem_types = {v.name: v.type.tensor_type.elem_type for v in inferred.graph.value_info
-                  if v.type.HasField("tensor_type")}
-    graph = proto.graph
-    present = {o.name for o in graph.output}
+    proto = expose_activations(model.proto)
     trips: dict[str, str] = {}
-    for node in graph.node:
+    for node in proto.graph.node:
         if node.op_type == "Loop":
             body = next(a.g for a in node.attribute if a.name == "body")
             counter = f"{node.name}{_TRIPS_SUFFIX}"
@@ -106,14 +98,8 @@ def _instrumented(model: Model) -> tuple[onnx.ModelProto, dict[str, str]]:
                 "Identity", [body.input[0].name], [counter + "_iter"], name=counter + "_identity"))
             body.output.append(helper.make_tensor_value_info(counter + "_iter", TensorProto.INT64, []))
             node.output.append(counter)
-            graph.output.append(helper.make_tensor_value_info(counter, TensorProto.INT64, None))
-            present.add(counter)
+            proto.graph.output.append(helper.make_tensor_value_info(counter, TensorProto.INT64, None))
             trips[node.name] = counter
-            continue
-        for out in node.output:
-            if out and out not in present and elem_types.get(out):
-                graph.output.append(helper.make_tensor_value_info(out, elem_types[out], None))
-                present.add(out)
     return proto, trips
 
 
