@@ -202,7 +202,7 @@ def _svg_split(result: BenchResult) -> str:
     """The plan's regions as boxes coloured by how they are compiled, with their shapes."""
     regions = result["plan"].get("regions", [])
     box_w, box_h, gap = 260, 110, 30
-    width = max(1, len(regions)) * (box_w + gap) + 20
+    width = max(len(regions) * (box_w + gap), 130 * len(_MODE_COLOURS)) + 20
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{box_h + 70}" role="img">'
              f'<title>split of {html.escape(result["model"])}</title>']
     for index, region in enumerate(regions):

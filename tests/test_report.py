@@ -1,0 +1,115 @@
+import json
+import shutil
+import struct
+import subprocess
+import zlib
+
+import pytest
+
+from conftest import MLP_SHAPES, mlp_model, mlp_samples
+from edgec.bench import BenchResult, BenchSettings, bench
+from edgec.cli import main
+from edgec.model import from_proto
+from edgec.report import RegressionError, compare, parse_margin, report, summary_row
+from edgec.samples import Sample
+
+
+@pytest.fixture(scope="module")
+def result(mlp_artifact):
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
+    return bench(mlp_artifact, from_proto(mlp_model(), "mlp"), samples, BenchSettings(runs=2, warmup=1))
+
+
+def _with(result, **changes):
+    data = json.loads(json.dumps(result.data))
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section][field] = value
+        else:
+            data[section] = value
+    return BenchResult(data)
+
+
+def test_report_writes_every_format(result, tmp_path):
+    files = report([result]).files
+    assert set(files) == {"report.md", "report.html", "report.csv", "report.json", "benchmark-action.json"}
+    assert "<svg" in files["report.html"] and "specialized" in files["report.html"]
+    action = json.loads(files["benchmark-action.json"])
+    assert {"name", "unit", "value"} <= set(action[0]) and action[0]["value"] == result["edgec"]["p50_ms"]
+    assert json.loads(files["report.json"])["results"][0]["model"] == "mlp"
+
+
+def test_compare_flags_a_real_regression_and_passes_without_one(result):
+    baseline = [summary_row(result)]
+    _, none = compare([result], baseline, 0.10)
+    assert none == []
+    slower = _with(result, ratio_p50=result["ratio_p50"] * 1.5)
+    table, regressions = compare([slower], baseline, 0.10)
+    assert len(regressions) == 1 and "ratio_p50" in regressions[0] and "REGRESSED" in table
+    _, within = compare([_with(result, ratio_p50=result["ratio_p50"] * 1.05)], baseline, 0.10)
+    assert within == []
+    worse = _with(result, accuracy__max_rel=0.01, accuracy__cosine_min=0.9)
+    assert len(compare([worse], baseline, 0.10)[1]) == 2
+    assert parse_margin("10%") == pytest.approx(0.1) and parse_margin("0.25") == 0.25
+
+
+def test_cli_compare_exit_codes(result, tmp_path):
+    result.save(tmp_path / "now.json")
+    assert main(["report", str(tmp_path / "now.json"), "-o", str(tmp_path / "base")]) == 0
+    assert main(["report", str(tmp_path / "now.json"), "-o", str(tmp_path / "same"),
+                 "--compare", str(tmp_path / "base" / "report.json")]) == 0
+    _with(result, ratio_p50=result["ratio_p50"] * 2).save(tmp_path / "slow.json")
+    code = main(["report", str(tmp_path / "slow.json"), "-o", str(tmp_path / "slow"),
+                 "--compare", str(tmp_path / "base" / "report.json"), "--max-regression", "10%"])
+    assert code == RegressionError.exit_code
+    assert "REGRESSED" in (tmp_path / "slow" / "compare.md").read_text()
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Decode an 8-bit RGB/RGBA PNG into rows of raw pixel bytes (enough for screenshots)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and colour in (2, 6)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw, stride, rows, prev = zlib.decompress(idat), width * channels, [], bytes(width * channels)
+    for y in range(height):
+        filt, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            pred = {0: 0, 1: a, 2: b, 3: (a + b) // 2}.get(filt)
+            if pred is None:
+                p = a + b - c
+                pred = a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c) else (
+                    b if abs(p - b) <= abs(p - c) else c)
+            line[i] = (line[i] + pred) & 0xFF
+        prev = bytes(line)
+        rows.append([prev[i:i + 3] for i in range(0, stride, channels)])
+    return width, height, rows
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)")
+def test_html_report_renders_plots_in_headless_chromium(result, tmp_path):
+    report([result]).save(tmp_path)
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,1400",
+         f"--screenshot={shot}", (tmp_path / "report.html").as_uri()],
+        capture_output=True, timeout=120, check=True)
+    width, height, rows = _png_pixels(shot.read_bytes())
+    pixels = [p for row in rows[::4] for p in row[::4]]
+    non_white = sum(1 for p in pixels if p != b"\xff\xff\xff")
+    assert non_white > 0.02 * len(pixels), "the page rendered (almost) blank"
+    colours = {bytes.fromhex(c[1:]) for c in ("#4C78A8", "#F58518", "#54A24B")}
+    assert colours <= set(pixels), "the bar charts and the split drawing are not on the page"
