@@ -1,0 +1,32 @@
+"""The GitHub Actions template in ci/ stays consistent with the CLI and the repo it refers to."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "ci" / "github-actions-devices.yml"
+
+
+def _runs(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in job["steps"])
+
+
+def test_device_matrix_jobs_report_and_gate():
+    workflow = yaml.safe_load(TEMPLATE.read_text())
+    jobs = workflow["jobs"]
+    assert {"x86", "arm-qemu", "pi4", "jetson"} <= set(jobs)
+    assert "raspberry-pi-4" in jobs["pi4"]["runs-on"] and "jetson-orin" in jobs["jetson"]["runs-on"]
+    for name in ("x86", "pi4", "jetson"):
+        script = _runs(jobs[name])
+        assert "edgec report" in script and "--compare" in script and "GITHUB_STEP_SUMMARY" in script
+    assert "qemu" in _runs(jobs["arm-qemu"])
+
+
+def test_template_refers_to_scripts_and_targets_that_exist():
+    text = TEMPLATE.read_text()
+    for script in set(re.findall(r"scripts/[\w.-]+\.sh", text)):
+        assert (ROOT / script).is_file(), script
+    for target in ("x86_64", "arm64-cortex-a72"):
+        assert f"--target {target}" in text and (ROOT / "targets" / f"{target}.toml").is_file()
