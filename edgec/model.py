@@ -124,7 +124,11 @@ def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> M
         raise ModelError(f"model '{name}' is not a valid ONNX model: {first}") from None
     proto = _normalize(proto)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
-    inputs = tuple(_spec_of(v, "input") for v in proto.graph.input)
+    bounds = index_bounds(proto)
+    inputs = tuple(
+        TensorSpec(spec.name, spec.dtype, spec.dims, bounds.get(spec.name))
+        for spec in (_spec_of(v, "input") for v in proto.graph.input)
+    )
     outputs = tuple(_spec_of(v, "output") for v in proto.graph.output)
     if not inputs:
         raise ModelError(f"model '{name}' has no inputs; edgec compiles models that take inputs")
@@ -177,3 +181,38 @@ def expose_activations(proto: onnx.ModelProto) -> onnx.ModelProto:
                 proto.graph.output.append(known[out])
                 present.add(out)
     return _normalize(proto)
+
+
+_GATHER_OPS = ("Gather", "GatherElements")
+
+
+def index_bounds(proto: onnx.ModelProto) -> dict[str, tuple[int, int]]:
+    """Integer graph inputs used directly as the indices of a gather over a constant table.
+
+    Returns, per such input, the valid range [-n, n) where n is the size of the gathered axis
+    (the tightest over all its uses).
+    """
+    graph = proto.graph
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    shapes[node.output[0]] = tuple(attr.t.dims)
+    inputs = {v.name for v in graph.input
+              if v.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
+    bounds: dict[str, tuple[int, int]] = {}
+    for node in graph.node:
+        if node.op_type not in _GATHER_OPS or len(node.input) < 2:
+            continue
+        data, indices = node.input[0], node.input[1]
+        if indices not in inputs or data not in shapes:
+            continue
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        table = shapes[data]
+        if not table:
+            continue
+        size = table[axis % len(table)]
+        low, high = bounds.get(indices, (-size, size))
+        bounds[indices] = (max(low, -size), min(high, size))
+    return bounds

@@ -61,3 +61,21 @@ def test_normalize_names_nodes_and_dims_and_drops_initializer_inputs():
     assert [s.name for s in model.inputs] == ["x"]
     assert model.inputs[0].dims == ("batch", "x_dim1", 16)
     assert proto.graph.node[0].name == "", "the caller's proto must not change"
+
+
+def test_gather_indices_taken_from_inputs_get_bounds():
+    from onnx import numpy_helper
+    import numpy as np
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+         helper.make_node("Gather", ["small", "ids"], ["emb2"], name="embed2", axis=1)],
+        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"]),
+              helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["n", 4]),
+         helper.make_tensor_value_info("emb2", TensorProto.FLOAT, [3, "n"])],
+        [numpy_helper.from_array(np.zeros((10, 4), np.float32), "table"),
+         numpy_helper.from_array(np.zeros((3, 7), np.float32), "small")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    spec = {s.name: s for s in from_proto(model).inputs}
+    assert spec["ids"].bounds == (-7, 7) and spec["x"].bounds is None

@@ -66,3 +66,31 @@ def test_aligned_copies_only_misaligned_or_strided_arrays():
     assert fixed.ctypes.data % ALIGNMENT == 0 and np.array_equal(fixed, bad)
     strided = np.arange(20, dtype=np.float32)[::2]
     assert aligned(strided).flags.c_contiguous and np.array_equal(aligned(strided), strided)
+
+
+def test_out_of_range_indices_are_refused_before_the_kernel_sees_them(tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgec.build import build
+    from edgec.model import from_proto
+    from edgec.plan import plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed")], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "table")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = from_proto(proto)
+    sample = Sample("s", {"ids": np.array([0, 9, -1], np.int64)})
+    target = load_target("x86_64")
+    path = build(model, plan(model, profile(model, [sample]), target), [target]).save(tmp_path / "g.edgec")
+    loaded = runtime.load(path)
+    assert loaded.inputs[0].bounds == (-10, 10)
+    np.testing.assert_array_equal(loaded.run(sample.arrays)["emb"][1], [36, 37, 38, 39])
+    with pytest.raises(SamplesError, match=r"holds 10, outside \[-10, 10\)"):
+        loaded.run({"ids": np.array([3, 10], np.int64)})

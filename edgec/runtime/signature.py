@@ -21,17 +21,24 @@ class TensorSpec:
     name: str
     dtype: str
     dims: tuple[Dim, ...]
+    # For integer inputs used as indices into a fixed table: the valid values are [lo, hi).
+    # Compiled gathers do not check their indices, so an out-of-range one must never reach them.
+    bounds: tuple[int, int] | None = None
 
     @property
     def rank(self) -> int:
         return len(self.dims)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
+        doc = {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
+        if self.bounds is not None:
+            doc["bounds"] = list(self.bounds)
+        return doc
 
     @classmethod
     def from_json(cls, doc: dict) -> "TensorSpec":
-        return cls(doc["name"], doc["dtype"], tuple(doc["dims"]))
+        bounds = doc.get("bounds")
+        return cls(doc["name"], doc["dtype"], tuple(doc["dims"]), tuple(bounds) if bounds else None)
 
 
 def bind_inputs(
@@ -75,5 +82,14 @@ def bind_inputs(
                 raise error(
                     f"{where}: dim '{dim}' is {bound[dim]} in one input and {size} in "
                     f"'{spec.name}' axis {axis}; inputs sharing a dim name must agree"
+                )
+        if spec.bounds is not None and array.size:
+            low, high = spec.bounds
+            smallest, largest = int(array.min()), int(array.max())
+            if smallest < low or largest >= high:
+                bad = smallest if smallest < low else largest
+                raise error(
+                    f"{where}: input '{spec.name}' holds {bad}, outside [{low}, {high}): it indexes "
+                    f"a table of {high} entries"
                 )
     return bound
