@@ -8,4 +8,8 @@ of an import.
 
 from __future__ import annotations
 
+from .control_flow import Loop, Scan
+
 CONVERTERS: dict[str, type] = {}
+CONVERTERS["Loop"] = Loop
+CONVERTERS["Scan"] = Scan
