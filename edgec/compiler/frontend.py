@@ -14,6 +14,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..errors import ModelError, describe
 from ..model import Model
 from .converters import CONVERTERS
+from .converters.control_flow import LAZY_IF
 
 _tvm_convert_map = onnx_frontend._get_convert_map
 
@@ -48,12 +49,23 @@ def import_onnx(model: Model) -> tvm.IRModule:
     try:
         with warnings.catch_warnings(), _edgec_converters():
             warnings.simplefilter("ignore")
-            mod = onnx_frontend.from_onnx(model.proto, keep_params_in_input=False)
+            mod = onnx_frontend.from_onnx(_with_lazy_ifs(model.proto), keep_params_in_input=False)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
         raise ModelError(f"model '{model.name}' failed to import: {describe(exc)}") from None
     # The importer emits no dataflow block when shape logic or an If sits at the top level, and
     # operator fusion only works inside dataflow blocks: regroup the pure bindings.
     return relax.transform.ConvertToDataflow()(mod)
+
+
+def _with_lazy_ifs(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose top-level ``If`` nodes go to edgec's lazy converter, not TVM's eager one."""
+    if not any(node.op_type == "If" for node in proto.graph.node):
+        return proto
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    for node in proto.graph.node:
+        if node.op_type == "If":
+            node.op_type = LAZY_IF
+    return proto
 
 
 def unsupported_ops(proto: onnx.ModelProto) -> set[str]:

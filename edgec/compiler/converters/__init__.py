@@ -8,8 +8,9 @@ of an import.
 
 from __future__ import annotations
 
-from .control_flow import Loop, Scan
+from .control_flow import LAZY_IF, LazyIf, Loop, Scan
 
 CONVERTERS: dict[str, type] = {}
 CONVERTERS["Loop"] = Loop
 CONVERTERS["Scan"] = Scan
+CONVERTERS[LAZY_IF] = LazyIf

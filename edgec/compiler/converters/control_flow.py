@@ -36,8 +36,8 @@ from tvm.relax.expr import _update_type
 from tvm.tirx.analysis import undefined_vars
 
 from .subgraph import (BOOL_SCALAR, INT64_SCALAR, Body, FreeValues, Patterns, Session,
-                       as_tensor, commit_module, convert_body, dims_of, dtype_of,
-                       instantiate, is_static, scalar, shaped)
+                       as_tensor, commit_module, convert_body, convert_if, dims_of, dtype_of,
+                       instantiate, is_static, scalar, shaped, subgraph_importer)
 
 _CHUNKS = (64, 4096)
 _INT64_MAX = 2**63 - 1
@@ -61,6 +61,30 @@ class Scan:
         def convert(bb, inputs, attrs, params):
             return lower_scan(bb, inputs, attrs, _session(opset, params), params[0])
         return convert
+
+
+class LazyIf:
+    """A top-level ONNX ``If`` whose branches run only when taken.
+
+    TVM's importer emits both branches' nodes before the ``relax.If`` (so both always run); the
+    frontend renames top-level ``If`` nodes to ``LAZY_IF`` so that they come here instead, where
+    each branch is converted into its own block inside the ``relax.If``, as in loop bodies.
+    """
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            session = _session(opset, params)
+            # The outer importer is not handed to converters; one sharing its builder and its
+            # name table (params[0] is that very dict) converts the branches in place.
+            importer = subgraph_importer(session)
+            importer.bb = bb
+            importer._nodes = params[0]  # pylint: disable=protected-access
+            return convert_if(importer, session, inputs[0], attrs)
+        return convert
+
+
+LAZY_IF = "EdgecLazyIf"
 
 
 def _session(opset: int, params: list) -> Session:

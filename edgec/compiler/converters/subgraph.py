@@ -293,7 +293,7 @@ def commit_module(bb: relax.BlockBuilder, module: tvm.IRModule, skip: str | None
             bb.update_func(gv, func)
 
 
-def _importer(session: Session) -> onnx_frontend.ONNXGraphImporter:
+def subgraph_importer(session: Session) -> onnx_frontend.ONNXGraphImporter:
     # A fresh importer per body: its _nodes is the body's scope and its bb builds the body's
     # function; TVM's converters only see (bb, inputs, attrs, [nodes, params]) through it.
     importer = onnx_frontend.ONNXGraphImporter({}, "float32")
@@ -309,7 +309,7 @@ def convert_body(session: Session, graph: onnx.GraphProto, name: str,
     ``input_types`` are patterns for the graph's inputs, in order; ``free.types`` for the free
     values. Raises NotImplementedError for values that are not tensors.
     """
-    importer = _importer(session)
+    importer = subgraph_importer(session)
     bb = importer.bb
     copies: dict[tirx.Var, tirx.Var] = {}
     params = []
@@ -368,7 +368,7 @@ def convert_nodes(importer: onnx_frontend.ONNXGraphImporter, session: Session,
             inputs.append(value)
         attrs["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
         if node.op_type == "If":
-            result = _convert_if(importer, session, inputs[0], attrs)
+            result = convert_if(importer, session, inputs[0], attrs)
         elif node.op_type in session.lowerings:
             result = session.lowerings[node.op_type](bb, inputs, attrs, session, nodes)
         else:
@@ -398,7 +398,7 @@ def _bind_outputs(bb: relax.BlockBuilder, nodes: dict, node: onnx.NodeProto,
                 nodes[value_name] = bb.emit(field) if isinstance(field, relax.Call) else field
 
 
-def _convert_if(importer: onnx_frontend.ONNXGraphImporter, session: Session,
+def convert_if(importer: onnx_frontend.ONNXGraphImporter, session: Session,
                 cond: relax.Expr, attrs: dict) -> relax.Expr:
     """A lazy If: each branch's nodes go into its own binding block inside the ``relax.If``."""
     bb = importer.bb
