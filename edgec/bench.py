@@ -149,8 +149,8 @@ def runtime_footprint(library: dict[str, Any]) -> dict[str, int]:
     """Bytes of the shared libraries a device needs to run this library, by file name."""
     import tvm_ffi.libinfo
 
-    files = {"libtvm_runtime.so": runtime._runtime_library(),
-             "libtvm_ffi.so": Path(tvm_ffi.libinfo.find_libtvm_ffi())}
+    files = {path.name: path for path in runtime.runtime_libraries()}
+    files["libtvm_ffi.so"] = Path(tvm_ffi.libinfo.find_libtvm_ffi())
     for dependency in library.get("native_dependencies", []):
         found = _find_shared_library(dependency)
         if found is not None:

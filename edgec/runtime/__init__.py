@@ -68,9 +68,18 @@ def _runtime_library() -> Path:
         if candidate.is_file():
             return candidate
     raise ToolchainError(
-        "libtvm_runtime.so not found; install edgec's runtime (pip install edgec[runtime]) or set "
-        "EDGEC_TVM_RUNTIME to its path"
+        "libtvm_runtime.so not found; install edgec-runtime (built from runtime-dist/) or "
+        "apache-tvm, or set EDGEC_TVM_RUNTIME to its path"
     )
+
+
+def runtime_libraries() -> list[Path]:
+    """The TVM runtime libraries to load, in order: libtvm_runtime.so, then, when it sits beside
+    it, libtvm_runtime_extra.so (1.3 MB), which holds the sort/top-k and random kernels that
+    compiled TopK, ArgSort and random ops call."""
+    main = _runtime_library()
+    extra = main.with_name("libtvm_runtime_extra.so")
+    return [main, extra] if extra.is_file() else [main]
 
 
 def _ensure_runtime(threads: int) -> Any:
@@ -81,7 +90,8 @@ def _ensure_runtime(threads: int) -> Any:
     import tvm_ffi
 
     if not _runtime_loaded:
-        ctypes.CDLL(str(_runtime_library()), ctypes.RTLD_GLOBAL)
+        for library in runtime_libraries():
+            ctypes.CDLL(str(library), ctypes.RTLD_GLOBAL)
         _runtime_loaded = True
     return tvm_ffi
 
