@@ -183,7 +183,7 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     chosen = select_target(manifest, target, str(path))
     tvm_ffi = _ensure_runtime(threads or _default_threads())
     with tempfile.TemporaryDirectory(prefix="edgec-") as tmp:
-        lib_path = Path(tmp) / f"{chosen}.so"
+        lib_path = Path(tmp) / "model.so"  # not the manifest's name: it must not steer the path
         lib_path.write_bytes(artifact.library(chosen))
         try:
             module = tvm_ffi.load_module(str(lib_path))

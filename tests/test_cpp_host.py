@@ -1,0 +1,371 @@
+"""The C++ runtime (``edgec/runtime/cpp``): build the example host with g++ and check that it runs
+zoo artifacts exactly like the Python runtime, and refuses bad artifacts and inputs with the same
+one-line messages and exit codes.
+
+The helpers here (building the host, building zoo artifacts, running the host) are shared with
+``test_qemu_arm.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgec import runtime, zoo
+from edgec.errors import ArtifactError, InputFileError, SamplesError, ToolchainError
+from edgec.runtime.artifact import FORMAT_VERSION, Artifact
+
+CPP_DIR = Path(runtime.__file__).resolve().parent / "cpp"
+CPP_SOURCES = ("edgec.h", "edgec.cc", "edgec_run.cc", "Makefile")
+TOLERANCE = 1e-5
+
+
+def cache_dir() -> Path:
+    """Where built hosts and downloaded wheels are kept between runs; never in the repository."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgec"
+
+
+def missing_tools(*tools: str) -> list[str]:
+    return [tool for tool in tools if shutil.which(tool) is None]
+
+
+def build_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> Path:
+    """Build ``edgec_run`` with ``cxx``; cached by the hash of the sources, compiler and libraries.
+
+    ``lib_dirs`` are the directories of ``libtvm_runtime.so`` and ``libtvm_ffi.so`` to link
+    against (default: the Python environment's wheels, as the Makefile finds them).
+    """
+    key = hashlib.sha256()
+    for name in CPP_SOURCES:
+        key.update((CPP_DIR / name).read_bytes())
+    key.update(f"{cxx} {lib_dirs} {sys.executable}".encode())
+    host = cache_dir() / "cpp-host" / key.hexdigest()[:16] / "edgec_run"
+    if host.is_file():
+        return host
+    host.parent.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=host.parent.parent))
+    command = ["make", "-s", "-C", str(CPP_DIR), f"BUILD_DIR={build_dir}",
+               f"PYTHON={sys.executable}", f"CXX={cxx}"]
+    if lib_dirs is not None:
+        command += [f"TVM_LIB_DIR={lib_dirs[0]}", f"TVM_FFI_LIB_DIR={lib_dirs[1]}"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        pytest.fail(f"building the C++ host with {cxx} failed:\n{result.stdout}\n{result.stderr}")
+    try:
+        build_dir.rename(host.parent)  # atomic: a concurrent build of the same key loses the race
+    except OSError:
+        shutil.rmtree(build_dir, ignore_errors=True)
+    return host
+
+
+def build_artifact(proto, name: str, samples: list[dict], targets: list[str],
+                   directory: Path) -> Path:
+    """Profile, plan (default settings) and build ``proto`` for ``targets``; save and return it."""
+    from edgec.build import build
+    from edgec.model import from_proto
+    from edgec.plan import PlanSettings, plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    model = from_proto(proto, name)
+    profiled = profile(model, [Sample(f"s{i}", a) for i, a in enumerate(samples)])
+    loaded = [load_target(t) for t in targets]
+    the_plan = plan(model, profiled, loaded[0], PlanSettings())
+    return build(model, the_plan, loaded).save(directory / f"{name}.edgec")
+
+
+def zoo_artifact(name: str, targets: list[str], directory: Path) -> tuple[Path, list[dict]]:
+    """Zoo model ``name`` (seed 0, its default samples) built for ``targets``, and the samples."""
+    entry = zoo.get(name)
+    samples = entry.make_samples(entry.default_samples, 0)
+    return build_artifact(entry.make_model(0), name, samples, targets, directory), samples
+
+
+def topk_model():
+    """x[n, 8] -> TopK(3): two outputs, one int64, and a kernel in libtvm_runtime_extra.so."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], axis=-1, name="topk")],
+        "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, ["n", 3])],
+        [helper.make_tensor("k", TensorProto.INT64, [1], [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def topk_samples(seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((n, 8)).astype(np.float32)} for n in (2, 2, 5)]
+
+
+def run_host(host: Path, artifact: Path, inputs: dict[str, np.ndarray], workdir: Path,
+             prefix: list[str] | None = None, extra: list[str] | None = None,
+             env: dict[str, str] | None = None, compressed: bool = False) -> dict[str, np.ndarray]:
+    """Run the host on ``inputs`` (written as an .npz, deflated if ``compressed``); return its
+    outputs keyed by file stem."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (np.savez_compressed if compressed else np.savez)(workdir / "inputs.npz", **inputs)
+    out = workdir / "out"
+    command = [*(prefix or []), str(host), str(artifact), "--inputs", str(workdir / "inputs.npz"),
+               "-o", str(out), *(extra or [])]
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    return {p.stem: np.load(p) for p in sorted(out.glob("*.npy"))}
+
+
+def host_error(host: Path, args: list[str]) -> tuple[int, str]:
+    result = subprocess.run([str(host), *args], capture_output=True, text=True)
+    return result.returncode, result.stderr.strip()
+
+
+def assert_outputs_match(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], atol: float):
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+        np.testing.assert_allclose(got[name], value, rtol=0, atol=atol, err_msg=name)
+
+
+pytestmark = pytest.mark.skipif(
+    bool(missing_tools("g++", "make")),
+    reason=f"needs {', '.join(missing_tools('g++', 'make'))} (scripts/install-cross-deps.sh)",
+)
+
+
+@pytest.fixture(scope="module")
+def host() -> Path:
+    return build_host()
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    """``artifact(name)``: zoo model ``name`` built for x86_64 once per module, and its samples."""
+    root = tmp_path_factory.mktemp("cpp-artifacts")
+    built: dict[str, tuple[Path, list[dict]]] = {}
+
+    def get(name: str) -> tuple[Path, list[dict]]:
+        if name not in built:
+            built[name] = zoo_artifact(name, ["x86_64"], root)
+        return built[name]
+
+    return get
+
+
+def _python_outputs(path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return runtime.load(path).run(inputs)
+
+
+def test_cnn_matches_python_runtime(host, artifact, tmp_path):
+    path, samples = artifact("cnn")
+    for index, sample in enumerate(samples[:3]):
+        got = run_host(host, path, sample, tmp_path / str(index), compressed=index == 1)
+        assert_outputs_match(got, _python_outputs(path, sample), TOLERANCE)
+
+
+def test_transformer_specialized_and_fallback_shapes_match(host, artifact, tmp_path):
+    path, _ = artifact("transformer")
+    manifest = Artifact.load(path).manifest
+    region = manifest["plan"]["regions"][0]
+    specialized = [(s["batch"], s["seq"]) for s in region["specializations"]]
+    fallback = [(2, 5), (3, 1)]
+    assert specialized and not set(fallback) & set(specialized)
+    rng = np.random.default_rng(7)
+    for batch, seq in specialized + fallback:
+        mask = np.ones((batch, seq), np.float32)
+        mask[:, seq // 2 + 1:] = 0.0
+        sample = {"input_ids": rng.integers(0, 100, (batch, seq)).astype(np.int64),
+                  "attention_mask": mask}
+        got = run_host(host, path, sample, tmp_path / f"{batch}x{seq}")
+        assert_outputs_match(got, _python_outputs(path, sample), TOLERANCE)
+
+
+def test_early_exit_both_branches_match(host, artifact, tmp_path):
+    from edgec.model import from_proto
+    from edgec.profile import profile
+    from edgec.samples import Sample
+
+    path, samples = artifact("early_exit")
+    for index, sample in enumerate(samples):
+        got = run_host(host, path, sample, tmp_path / str(index))
+        assert_outputs_match(got, _python_outputs(path, sample), TOLERANCE)
+    # The samples compared above take both sides of the If.
+    model = from_proto(zoo.get("early_exit").make_model(0), "early_exit")
+    counts = profile(model, [Sample(f"s{i}", s) for i, s in enumerate(samples)]).control_flow
+    (branches,) = [entry["branches"] for entry in counts.values()]
+    assert branches.get("then", 0) > 0 and branches.get("else", 0) > 0, branches
+
+
+def test_two_outputs_and_a_runtime_extra_kernel(host, tmp_path):
+    path = build_artifact(topk_model(), "topk", topk_samples(), ["x86_64"], tmp_path)
+    for index, sample in enumerate(topk_samples(1)):
+        got = run_host(host, path, sample, tmp_path / str(index))
+        assert_outputs_match(got, _python_outputs(path, sample), 0.0)
+        np.testing.assert_array_equal(got["values"], -np.sort(-sample["x"], axis=1)[:, :3])
+
+
+def test_timing_and_info(host, artifact, tmp_path):
+    path, samples = artifact("cnn")
+    np.savez(tmp_path / "in.npz", **samples[0])
+    result = subprocess.run([str(host), str(path), "--inputs", str(tmp_path / "in.npz"),
+                             "--repeat", "3"], capture_output=True, text=True, check=True)
+    assert "timing over 3 calls" in result.stdout and "logits: float32 [1, 10]" in result.stdout
+    info = subprocess.run([str(host), str(path), "--info"], capture_output=True, text=True,
+                          check=True).stdout
+    assert "library x86_64 (x86_64, cpu) lib/x86_64.so" in info
+    assert "input image: float32 [1, 3, 32, 32]" in info
+
+
+def _rewrite(src: Path, dst: Path, change) -> Path:
+    """Copy artifact ``src`` to ``dst`` as a zip, after ``change(members, attrs)`` edits it."""
+    with zipfile.ZipFile(src) as archive:
+        members = {info.filename: archive.read(info) for info in archive.infolist()}
+    attrs: dict[str, int] = {}
+    extra: list[tuple[str, bytes]] = []
+    change(members, attrs, extra)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in [*members.items(), *extra]:
+            info = zipfile.ZipInfo(name)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = attrs.get(name, (stat.S_IFREG | 0o644) << 16)
+            archive.writestr(info, data)
+    dst.write_bytes(buffer.getvalue())
+    return dst
+
+
+def _manifest_edit(edit):
+    def change(members, attrs, extra):
+        manifest = json.loads(members["manifest.json"])
+        edit(manifest)
+        members["manifest.json"] = json.dumps(manifest).encode()
+    return change
+
+
+def _flip_library_byte(members, attrs, extra):
+    data = bytearray(members["lib/x86_64.so"])
+    data[len(data) // 2] ^= 0xFF
+    members["lib/x86_64.so"] = bytes(data)
+
+
+TAMPERINGS = {
+    "library modified": _flip_library_byte,
+    "newer format": _manifest_edit(lambda m: m.update(format_version=2)),
+    "invalid format": _manifest_edit(lambda m: m.update(format_version="1")),
+    "incomplete manifest": _manifest_edit(lambda m: m.pop("outputs")),
+    "no libraries": _manifest_edit(lambda m: m.update(libraries={})),
+    "library missing": lambda members, attrs, extra: members.pop("lib/x86_64.so"),
+    "no manifest": lambda members, attrs, extra: members.pop("manifest.json"),
+    "unlisted member": lambda members, attrs, extra: members.update({"notes.txt": b"hi"}),
+    "escaping member": lambda members, attrs, extra: members.update({"../evil.so": b"x"}),
+    "absolute member": lambda members, attrs, extra: members.update({"/tmp/evil.so": b"x"}),
+    "symlink member": lambda members, attrs, extra: (
+        members.update({"lib/link.so": b"lib/x86_64.so"}),
+        attrs.update({"lib/link.so": (stat.S_IFLNK | 0o777) << 16})),
+    "duplicate member": lambda members, attrs, extra: extra.append(
+        ("manifest.json", members["manifest.json"])),
+}
+
+
+@pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
+def test_bad_artifacts_refused_with_the_python_message(host, artifact, tmp_path, tampering):
+    path, _ = artifact("cnn")
+    with pytest.warns(UserWarning) if tampering == "duplicate member" else nullcontext():
+        bad = _rewrite(path, tmp_path / "bad.edgec", TAMPERINGS[tampering])
+    with pytest.raises(ArtifactError) as python_error:
+        runtime.load(bad)
+    code, stderr = host_error(host, [str(bad), "--info"])
+    assert (code, stderr) == (ArtifactError.exit_code, f"edgec_run: error: {python_error.value}")
+
+
+def test_library_that_fails_to_load_is_named(host, artifact, tmp_path):
+    def replace_library(members, attrs, extra):
+        members["lib/x86_64.so"] = b"not an ELF file"
+        manifest = json.loads(members["manifest.json"])
+        manifest["libraries"]["x86_64"]["sha256"] = hashlib.sha256(b"not an ELF file").hexdigest()
+        members["manifest.json"] = json.dumps(manifest).encode()
+
+    bad = _rewrite(artifact("cnn")[0], tmp_path / "bad.edgec", replace_library)
+    with pytest.raises(ArtifactError, match="cannot load the 'x86_64' library of"):
+        runtime.load(bad)
+    code, stderr = host_error(host, [str(bad)])
+    assert code == 7
+    assert stderr.startswith(f"edgec_run: error: cannot load the 'x86_64' library of '{bad}': ")
+
+
+def test_not_a_zip_and_corrupt_data_refused(host, artifact, tmp_path):
+    bad = tmp_path / "bad.edgec"
+    bad.write_bytes(b"PK\x03\x04 not really a zip" * 10)
+    with pytest.raises(ArtifactError) as python_error:
+        runtime.load(bad)
+    assert host_error(host, [str(bad), "--info"]) == (7, f"edgec_run: error: {python_error.value}")
+
+    # Damage the compressed bytes of the library: inflate or the CRC check must catch it.
+    path, _ = artifact("cnn")
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("lib/x86_64.so")
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0x55
+    bad.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"is corrupt \(.*\); rebuild it"):
+        runtime.load(bad)
+    code, stderr = host_error(host, [str(bad), "--info"])
+    assert code == 7 and stderr.startswith(f"edgec_run: error: '{bad}' is corrupt (")
+    assert stderr.endswith("); rebuild it")
+
+
+def test_missing_artifact_and_unknown_target(host, artifact, tmp_path):
+    missing = tmp_path / "nope.edgec"
+    with pytest.raises(InputFileError) as python_error:
+        runtime.load(missing)
+    assert host_error(host, [str(missing)]) == (3, f"edgec_run: error: {python_error.value}")
+    path, _ = artifact("cnn")
+    with pytest.raises(ArtifactError) as python_error:
+        runtime.load(path, target="jetson")
+    assert host_error(host, [str(path), "--target", "jetson"]) == (
+        7, f"edgec_run: error: {python_error.value}")
+
+
+@pytest.mark.parametrize("model, inputs", [
+    ("cnn", {"image": np.zeros((1, 3, 32, 32), np.float64)}),
+    ("cnn", {"image": np.zeros((3, 32, 32), np.float32)}),
+    ("cnn", {"image": np.zeros((1, 3, 32, 31), np.float32)}),
+    ("cnn", {"picture": np.zeros((1, 3, 32, 32), np.float32)}),
+    ("transformer", {"input_ids": np.zeros((1, 4), np.int64),
+                     "attention_mask": np.ones((1, 5), np.float32)}),
+])
+def test_bad_inputs_refused_with_the_python_message(host, artifact, tmp_path, model, inputs):
+    path, _ = artifact(model)
+    with pytest.raises(SamplesError) as python_error:
+        runtime.load(path).run(inputs)
+    np.savez(tmp_path / "in.npz", **inputs)
+    assert host_error(host, [str(path), "--inputs", str(tmp_path / "in.npz")]) == (
+        SamplesError.exit_code, f"edgec_run: error: {python_error.value}")
+
+
+def test_header_agrees_with_the_python_runtime():
+    # edgec.h mirrors these; a change on either side must be made on both.
+    header = (CPP_DIR / "edgec.h").read_text()
+    for name, error in [("kInputFile", InputFileError), ("kSamples", SamplesError),
+                        ("kArtifact", ArtifactError), ("kToolchain", ToolchainError)]:
+        assert f"{name} = {error.exit_code}" in header
+    assert f"kFormatVersion = {FORMAT_VERSION};" in header
+    assert f"kAlignment = {runtime.ALIGNMENT};" in header

@@ -1,0 +1,145 @@
+"""ARM for real on an x86 machine: artifacts built for ``arm64-cortex-a72`` (and ``-a76``) run
+under qemu user emulation in the C++ host cross-compiled against the aarch64 TVM wheels' runtime
+libraries, and match the x86 library of the same artifact.
+
+Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64`` and the aarch64 sysroot
+(``scripts/install-cross-deps.sh``), and the aarch64 wheels of the pinned apache-tvm and
+apache-tvm-ffi, which it downloads once into ``~/.cache/edgec``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgec import runtime, zoo
+from edgec.runtime.artifact import Artifact
+from edgec.targets import load_target
+from test_cpp_host import (build_artifact, build_host, cache_dir, missing_tools, run_host,
+                           topk_model, topk_samples, zoo_artifact)
+
+ARM = load_target("arm64-cortex-a72")
+QEMU = ARM.run.get("qemu", "qemu-aarch64")
+SYSROOT = Path(ARM.run.get("sysroot", "/usr/aarch64-linux-gnu"))
+WHEELS = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
+# Relative to the scale of the output: LLVM's aarch64 and x86 code (and oneDNN on x86) round
+# differently; the MLP of TVM_NOTES.md matched numpy to 4e-5.
+TOLERANCE = 1e-4
+
+_missing = missing_tools(ARM.cross_compiler, QEMU, "make")
+if not SYSROOT.is_dir():
+    _missing.append(f"the aarch64 sysroot {SYSROOT}")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(_missing),
+                       reason=f"needs {', '.join(_missing)} (scripts/install-cross-deps.sh)"),
+]
+
+
+def aarch64_runtime_libraries() -> tuple[Path, Path]:
+    """The directories of aarch64 ``libtvm_runtime.so`` and ``libtvm_ffi.so`` at the pinned
+    versions, from the manylinux aarch64 wheels (downloaded once, then cached)."""
+    root = cache_dir() / "aarch64" / "-".join(f"{k}-{v}" for k, v in WHEELS.items())
+    tvm_dir, ffi_dir = root / "tvm" / "lib", root / "tvm_ffi" / "lib"
+    members = [("apache_tvm-", "tvm/lib/libtvm_runtime.so", tvm_dir),
+               ("apache_tvm-", "tvm/lib/libtvm_runtime_extra.so", tvm_dir),
+               ("apache_tvm_ffi-", "tvm_ffi/lib/libtvm_ffi.so", ffi_dir)]
+    if all((into / Path(member).name).is_file() for _, member, into in members):
+        return tvm_dir, ffi_dir
+    wheels = root / "wheels"
+    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+               "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+               "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_24_aarch64",
+               "-d", str(wheels), *(f"{k}=={v}" for k, v in WHEELS.items())]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot download the aarch64 TVM wheels: {result.stderr.strip()[-300:]}")
+    for wheel, member, into in members:
+        (path,) = [p for p in wheels.glob("*.whl") if p.name.startswith(wheel)]
+        into.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(path) as archive:
+            data = archive.read(member)
+        tmp = into / f".{Path(member).name}.tmp"
+        tmp.write_bytes(data)
+        tmp.replace(into / Path(member).name)
+    return tvm_dir, ffi_dir
+
+
+@pytest.fixture(scope="module")
+def arm_host() -> Path:
+    return build_host(ARM.cross_compiler, aarch64_runtime_libraries())
+
+
+def run_on_arm(host: Path, artifact: Path, inputs: dict, workdir: Path, target: str | None):
+    """Outputs of the aarch64 host under qemu; ``target=None`` lets the host pick by its arch."""
+    return run_host(host, artifact, inputs, workdir, prefix=[QEMU, "-L", str(SYSROOT)],
+                    extra=["--target", target] if target else [])
+
+
+def compare(got: dict, expected: dict, label: str) -> None:
+    """Assert that the outputs agree within TOLERANCE of their scale; print the differences."""
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
+        scale = max(1.0, float(np.abs(value).max(initial=0.0)))
+        diff = float(np.abs(got[name] - value).max(initial=0.0))
+        print(f"{label} {name}{list(value.shape)}: max abs diff vs x86 {diff:.3g} "
+              f"(scale {scale:.3g})")
+        assert diff <= TOLERANCE * scale, (label, name, diff)
+
+
+def test_compile_cli_makes_a_multi_target_artifact_that_runs_under_qemu(arm_host, tmp_path):
+    zoo.export("cnn", tmp_path / "cnn")
+    path = tmp_path / "cnn.edgec"
+    command = [sys.executable, "-m", "edgec", "compile", str(tmp_path / "cnn" / "model.onnx"),
+               "--samples", str(tmp_path / "cnn" / "samples"), "--target", "x86_64",
+               "--target", "arm64-cortex-a72", "--target", "arm64-cortex-a76", "-o", str(path)]
+    subprocess.run(command, check=True, capture_output=True, text=True)
+    libraries = Artifact.load(path).manifest["libraries"]
+    assert {n: e["arch"] for n, e in libraries.items()} == {
+        "x86_64": "x86_64", "arm64-cortex-a72": "aarch64", "arm64-cortex-a76": "aarch64"}
+    with zipfile.ZipFile(path) as archive:
+        assert archive.read("lib/arm64-cortex-a72.so")[18] == 183  # ELF e_machine: EM_AARCH64
+    x86 = runtime.load(path)
+    assert x86.target == "x86_64"
+    sample = dict(np.load(sorted((tmp_path / "cnn" / "samples").glob("*.npz"))[0]))
+    expected = x86.run(sample)
+    for target in ("arm64-cortex-a72", "arm64-cortex-a76"):
+        compare(run_on_arm(arm_host, path, sample, tmp_path / target, target), expected,
+                f"cnn {target}")
+    # Without --target the host picks the first library for its own arch (qemu reports aarch64).
+    picked = run_on_arm(arm_host, path, sample, tmp_path / "picked", None)
+    a72 = {p.stem: np.load(p) for p in (tmp_path / "arm64-cortex-a72" / "out").glob("*.npy")}
+    assert all(np.array_equal(picked[name], a72[name]) for name in a72)
+
+
+def test_runtime_extra_kernel_under_qemu(arm_host, tmp_path):
+    path = build_artifact(topk_model(), "topk", topk_samples(), ["x86_64", "arm64-cortex-a72"],
+                          tmp_path)
+    x86 = runtime.load(path)
+    for index, sample in enumerate(topk_samples(1)):
+        got = run_on_arm(arm_host, path, sample, tmp_path / str(index), "arm64-cortex-a72")
+        compare(got, x86.run(sample), "topk arm64-cortex-a72")
+
+
+@pytest.mark.parametrize("name", ["transformer", "early_exit"])
+def test_dynamic_zoo_models_match_x86_under_qemu(arm_host, tmp_path, name):
+    path, samples = zoo_artifact(name, ["x86_64", "arm64-cortex-a72"], tmp_path)
+    specializations = Artifact.load(path).manifest["plan"]["regions"][0]["specializations"]
+    if name == "transformer":
+        rng = np.random.default_rng(5)
+        shapes = [(s["batch"], s["seq"]) for s in specializations[:1]] + [(2, 5)]  # + fallback
+        samples = [{"input_ids": rng.integers(0, 100, shape).astype(np.int64),
+                    "attention_mask": np.ones(shape, np.float32)} for shape in shapes]
+    else:
+        batch_two = [s for s in samples if s["image"].shape[0] == 2][:1]
+        samples = samples[:3] + batch_two + [{"image": np.concatenate([samples[0]["image"]] * 3)}]
+    x86 = runtime.load(path)
+    for index, sample in enumerate(samples):
+        got = run_on_arm(arm_host, path, sample, tmp_path / str(index), "arm64-cortex-a72")
+        compare(got, x86.run(sample), f"{name} arm64-cortex-a72")
