@@ -1,6 +1,6 @@
 """The ``.edgec`` artifact format: one zip file holding a manifest and one library per target.
 
-Layout (format version 1, spec in ``docs/artifact-format.md``)::
+Layout (format version 1; the full spec, which both readers follow, is ``docs/artifact-format.md``)::
 
     manifest.json          format_version, model, inputs, outputs, plan, quantization,
                            libraries {target: {file, sha256, bytes, arch, kind, functions}}, versions
