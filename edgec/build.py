@@ -53,7 +53,8 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
         files[file] = library.data
         libraries[target.name] = {
             "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
-            "arch": target.arch, "kind": target.kind, "device": codegen.device,
+            "arch": target.arch, "cpu_features": list(target.cpu_features),
+            "kind": target.kind, "device": codegen.device,
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
         }

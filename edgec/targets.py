@@ -30,12 +30,17 @@ class Target:
     cross_compiler: str = ""
     run: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    # CPU features (as /proc/cpuinfo names them) the compiled code uses: the runtime refuses to
+    # load the library on a CPU without them instead of dying on an illegal instruction.
+    cpu_features: tuple[str, ...] = ()
+    # Native libraries its kernels may call, e.g. {"dnnl": True}.
+    libraries: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "description": self.description, "kind": self.kind,
-            "arch": self.arch, "tvm": self.tvm, "cross_compiler": self.cross_compiler,
-            "run": self.run,
+            "arch": self.arch, "cpu_features": list(self.cpu_features), "tvm": self.tvm,
+            "cross_compiler": self.cross_compiler, "run": self.run, "libraries": self.libraries,
         }
 
 
@@ -50,7 +55,7 @@ def _require(doc: dict, key: str, kind: type, where: str) -> Any:
 
 def parse_target(doc: dict[str, Any], where: str) -> Target:
     """Build a :class:`Target` from a parsed TOML document, naming the field that is wrong."""
-    known = {"name", "description", "kind", "arch", "tvm", "build", "run"}
+    known = {"name", "description", "kind", "arch", "cpu_features", "tvm", "build", "run", "libraries"}
     unknown = sorted(set(doc) - known)
     if unknown:
         raise TargetError(
@@ -76,6 +81,8 @@ def parse_target(doc: dict[str, Any], where: str) -> Target:
         cross_compiler=doc.get("build", {}).get("cross_compiler", ""),
         run=run,
         source=where,
+        cpu_features=tuple(doc.get("cpu_features", ())),
+        libraries=dict(doc.get("libraries", {})),
     )
 
 

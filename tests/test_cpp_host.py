@@ -279,6 +279,8 @@ TAMPERINGS = {
     "symlink member": lambda members, attrs, extra: (
         members.update({"lib/link.so": b"lib/x86_64.so"}),
         attrs.update({"lib/link.so": (stat.S_IFLNK | 0o777) << 16})),
+    "needs missing CPU features": _manifest_edit(
+        lambda m: m["libraries"]["x86_64"].update(cpu_features=["no-such-feature-xyz"])),
     "duplicate member": lambda members, attrs, extra: extra.append(
         ("manifest.json", members["manifest.json"])),
 }

@@ -153,16 +153,47 @@ def _flatten(result: Any) -> list[Any]:
     return values
 
 
+def host_cpu_features() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo lists them (``flags`` on x86, ``Features`` on Arm)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def _missing_features(entry: dict[str, Any]) -> list[str]:
+    needed = entry.get("cpu_features", [])
+    if not needed or entry.get("arch") != host_arch():
+        return []
+    have = host_cpu_features()
+    return [feature for feature in needed if feature not in have]
+
+
 def select_target(manifest: dict[str, Any], target: str | None, where: str) -> str:
-    """The library to run: the one named, else the first whose arch is this host's CPU arch."""
+    """The library to run: the one named, else the first built for this CPU's arch and features.
+
+    A library needing CPU features this machine lacks would die on an illegal instruction: it is
+    refused with the features named.
+    """
     libraries = manifest["libraries"]
     if target is not None:
         if target not in libraries:
             raise ArtifactError(f"'{where}' has no library for target '{target}'; it has {', '.join(libraries)}")
+        missing = _missing_features(libraries[target])
+        if missing:
+            raise ArtifactError(
+                f"'{where}': the '{target}' library needs CPU features this CPU lacks: "
+                f"{', '.join(missing)}; pick another target"
+            )
         return target
     arch = host_arch()
     for name, entry in libraries.items():
-        if entry.get("arch") == arch and entry.get("device", "cpu") == "cpu":
+        if entry.get("arch") == arch and entry.get("device", "cpu") == "cpu" and not _missing_features(entry):
             return name
     available = ", ".join(f"{n} ({e.get('arch')})" for n, e in libraries.items())
     raise ArtifactError(

@@ -745,6 +745,35 @@ std::string Sha256Hex(const uint8_t* data, size_t size) {
   return sha.HexDigest();
 }
 
+namespace {
+std::set<std::string> HostCpuFeatures() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    std::string key = line.substr(0, line.find(':'));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    if (key == "flags" || key == "Features") {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      std::set<std::string> features;
+      for (std::string word; words >> word;) features.insert(word);
+      return features;
+    }
+  }
+  return {};
+}
+
+// Features a library needs that this CPU lacks (none when built for another arch).
+std::vector<std::string> MissingFeatures(const LibraryInfo& info) {
+  std::vector<std::string> missing;
+  if (info.cpu_features.empty() || info.arch != HostArch()) return missing;
+  std::set<std::string> have = HostCpuFeatures();
+  for (const std::string& feature : info.cpu_features) {
+    if (!have.count(feature)) missing.push_back(feature);
+  }
+  return missing;
+}
+}  // namespace
+
 std::string HostArch() {
   struct utsname name;
   if (uname(&name) != 0) return "unknown";
@@ -886,6 +915,13 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
       info.sha256 = GetString(*entry, "sha256", "");
       info.arch = GetString(*entry, "arch", "");
       info.device = GetString(*entry, "device", "cpu");
+      if (auto features = entry->Get("cpu_features")) {
+        if (auto list = features->try_cast<JsonArray>()) {
+          for (const ffi::Any& feature : *list) {
+            if (auto name = feature.try_cast<ffi::String>()) info.cpu_features.push_back(*name);
+          }
+        }
+      }
     }
     if (info.file.empty() || !index.count(info.file)) {
       throw Error(ErrorKind::kArtifact,
@@ -936,11 +972,20 @@ std::string Artifact::SelectTarget(const std::string& target) const {
       throw Error(ErrorKind::kArtifact, Quote(where_) + " has no library for target " +
                                             Quote(target) + "; it has " + Join(names));
     }
+    for (const LibraryInfo& info : libraries_) {
+      std::vector<std::string> missing = info.target == target ? MissingFeatures(info)
+                                                                : std::vector<std::string>{};
+      if (!missing.empty()) {
+        throw Error(ErrorKind::kArtifact, Quote(where_) + ": the " + Quote(target) +
+                                              " library needs CPU features this CPU lacks: " +
+                                              Join(missing) + "; pick another target");
+      }
+    }
     return target;
   }
   const std::string arch = HostArch();
   for (const LibraryInfo& info : libraries_) {
-    if (info.arch == arch && info.device == "cpu") return info.target;
+    if (info.arch == arch && info.device == "cpu" && MissingFeatures(info).empty()) return info.target;
   }
   throw Error(ErrorKind::kArtifact, Quote(where_) + " has no library for this machine (" + arch +
                                         "); it has " + Join(available) +

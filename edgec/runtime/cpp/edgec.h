@@ -71,6 +71,7 @@ struct LibraryInfo {
   std::string sha256;
   std::string arch;
   std::string device;
+  std::vector<std::string> cpu_features;  // as /proc/cpuinfo names them; checked before loading
 };
 
 /*! \brief One member of a zip archive, read and CRC-checked. */

@@ -240,6 +240,8 @@ int Main(int argc, char** argv) {
       std::cout << "library " << lib.target << " (" << lib.arch << ", " << lib.device << ") "
                 << lib.file << " sha256 " << lib.sha256 << "\n";
     }
+    // As loading would: the library this CPU runs, or the reason none fits.
+    std::cout << "runs " << artifact.SelectTarget(target) << "\n";
     for (const auto& spec : artifact.inputs()) {
       std::cout << "input " << spec.name << ": " << spec.dtype << " " << DimsText(spec) << "\n";
     }
