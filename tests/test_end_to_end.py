@@ -4,6 +4,10 @@ Every sample must match, and so must samples drawn with another seed. The plan s
 most frequent shape, so other samples exercise the symbolic fallback.
 """
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -43,3 +47,17 @@ def test_compiled_zoo_model_matches_onnxruntime_on_seen_and_unseen_shapes(name, 
         fallback_runs += model.dynamic_dims != [] and sample_dims(model, sample) not in specialized
     if model.dynamic_dims:
         assert fallback_runs > 0, "no sample exercised the symbolic fallback"
+
+    # The same artifact in a process that has only the runtime: no compiler, no Python kernels.
+    sample = samples[-1]
+    np.savez(tmp_path / "inputs.npz", **sample.arrays)
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, edgec.runtime as rt
+        out = rt.load({str(path)!r}).run(dict(np.load({str(tmp_path / "inputs.npz")!r})))
+        np.savez({str(tmp_path / "outputs.npz")!r}, **out)
+        assert "tvm" not in sys.modules
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    with np.load(tmp_path / "outputs.npz") as alone:
+        diff = compare_outputs(dict(alone), reference.run(sample.arrays))
+    assert diff["max_rel"] <= TOLERANCE, diff

@@ -2,6 +2,11 @@
 
 Adding a kind of target (CUDA, say) is adding a class to ``CODEGENS``; target files pick it by
 their ``kind`` field.
+
+The LLVM codegen sends convolutions and matmuls to oneDNN when the target file says
+``[libraries] dnnl = true`` (``library_dispatch``), then compiles the rest with TVM's CPU
+pipeline plus fusion and simple vectorizing schedules (``cpu_pipeline``): TVM's own default CPU
+build neither fuses nor schedules.
 """
 
 from __future__ import annotations
@@ -10,11 +15,19 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tvm
+from tvm import relax, topi
+from tvm.s_tir import dlight
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import get_extent, try_inline
+from tvm.s_tir.schedule import ScheduleError
 
 from ..errors import CompileError, ToolchainError, describe
 from ..targets import Target
+from . import native, runtime_kernels
+from .library_dispatch import DispatchRules, dispatch_with_stats
 
 
 @dataclass(frozen=True)
@@ -37,9 +50,34 @@ class LLVMCodegen:
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
     def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
+        """Compile ``mod`` for ``target`` and link it into one shared library.
+
+        With ``[libraries] dnnl = true`` in the target file, convolutions and matmuls go to
+        oneDNN through edgec's shim, linked into the library; the library then needs
+        ``libdnnl.so.2`` on the device, which ``native_dependencies`` records.
+        """
         tvm_target = self.tvm_target(target)
+        mod = _fusable(mod)
+        addons: list[native.NativeAddon] = []
+        if target_libraries(target).get("dnnl", False):
+            shim = native.dnnl_shim(target.cross_compiler or "g++")  # fails early, in one line
+            try:
+                mod, stats = dispatch_with_stats(mod, dnnl_rules(target))
+            except Exception as exc:  # TVM's own errors from rewriting and type inference
+                raise CompileError(
+                    f"library dispatch for '{target.name}' failed: {describe(exc)}") from None
+            if stats.calls:
+                addons.append(shim)
+        uses_dnnl = bool(addons)
+        # After library dispatch: this legalizes, which would hide convolutions from it.
+        mod, kernels = runtime_kernels.redirect(mod)
+        if kernels:
+            addons.append(native.runtime_kernels(target.cross_compiler or "g++"))
         try:
-            executable = tvm.compile(mod, tvm_target)
+            # oneDNN's OpenMP threads own the cores between its calls: TVM kernels that also
+            # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
+            pipeline = cpu_pipeline(tvm_target, parallel=not uses_dnnl)
+            executable = tvm.compile(mod, tvm_target, relax_pipeline=pipeline)
         except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
             raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
         export_kwargs = {}
@@ -50,13 +88,155 @@ class LLVMCodegen:
                     f"installed; install it (Debian: apt-get install g++-aarch64-linux-gnu)"
                 )
             export_kwargs["fcompile"] = tvm.support.cc.cross_compiler(target.cross_compiler)
+        if addons:
+            # addons, not options: options land before the objects and the linker drops them.
+            export_kwargs["addons"] = [arg for addon in addons for arg in addon.addons]
         with tempfile.TemporaryDirectory(prefix="edgec-build-") as tmp:
             path = Path(tmp) / "model.so"
             try:
                 executable.export_library(str(path), **export_kwargs)
             except Exception as exc:  # the linker's failure surfaces as a RuntimeError
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
-            return CompiledLibrary(path.read_bytes())
+            dependencies = [lib for addon in addons for lib in addon.runtime_libraries]
+            return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies)
+
+
+def _fusable(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with variables of its own in every function, as TVM's operator fusion needs.
+
+    Fusion (which TVM's default CPU build skips) maps the variables of all functions in one
+    graph; shape specializations are copies of one function that share variables, which it
+    rejects ("appears at multiple definition sites").
+    """
+    result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            result[gvar] = relax.utils.copy_with_new_vars(func)
+    return result
+
+
+def dnnl_rules(target: Target) -> DispatchRules:
+    """What goes to oneDNN for ``target``, and in which activation layout.
+
+    oneDNN's AVX-512 kernels work on 16-channel blocks, its AVX2 ones on 8: the target's declared
+    ISA picks the block (a library built for one ISA runs everywhere, with reorders where the
+    machine's kernels want the other block). Other architectures keep NCHW.
+    """
+    mattr = [str(a) for a in target.tvm.get("mattr", [])]
+    if target.arch != "x86_64":
+        return DispatchRules(block=0)
+    return DispatchRules(block=16 if "+avx512f" in mattr else 8)
+
+
+def cpu_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.transform.Pass:
+    """TVM's CPU pipeline, with simple schedules applied to the kernels TVM generates.
+
+    TVM's default CPU build schedules nothing: every kernel is one thread of naive loops. After
+    legalization and fusion, kernels with one block (elementwise, layout changes,
+    concatenations, pooling) are vectorized, and with ``parallel`` spread over TVM's thread pool;
+    the rest stay as TVM writes them.
+    """
+    backend = relax.backend.cpu_generic.pipeline
+    passes = [_FAST_ERF] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+    passes.append(dlight.ApplyDefaultSchedule(_SimpleKernel(parallel)))
+    passes += backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+
+    @tvm.transform.module_pass(opt_level=0, name="EdgecCPUPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+@tvm.transform.module_pass(opt_level=0, name="EdgecFastErf")
+def _FAST_ERF(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+    """``erf`` (GELU's) as TOPI's rational approximation, which vectorizes (max error 4e-7).
+
+    TVM's own ``erf`` lowers to a scalar libm call per element, the slowest kernel of a small
+    transformer here.
+    """
+
+    @relax.expr_functor.mutator
+    class FastErf(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            call = super().visit_call_(call)
+            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.erf":
+                return self.builder_.call_te(topi.fast_erf, call.args[0])
+            return call
+
+    mutator = FastErf(mod)
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+class _SimpleKernel(dlight.ScheduleRule):
+    """Vectorize a one-block kernel along its innermost spatial loop; parallelize it if asked.
+
+    That loop is contiguous in memory for elementwise kernels, concatenations and layout changes,
+    and for pooling in blocked layouts (NCHW16c) it is the channel block, which becomes innermost
+    (inside the window's reduction loops) so each window step is one vector operation. With
+    ``parallel``, the outer spatial loops run on TVM's thread pool; when oneDNN's OpenMP threads
+    own the cores, two pools only fight, so the LLVM codegen turns it off then (measured).
+    Kernels with fewer than ``MIN_PARALLEL`` output elements stay serial.
+    """
+
+    MIN_PARALLEL = 16384
+    VECTOR_LANES = 8
+
+    def __init__(self, parallel: bool) -> None:
+        self.parallel = parallel
+
+    def apply(self, func, target, tunable):  # noqa: ARG002 - the ScheduleRule signature
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            return None
+        try:
+            return self._schedule(func)
+        except ScheduleError:  # a kernel this rule cannot restructure keeps TVM's loops
+            return None
+
+    def _schedule(self, func: tvm.tirx.PrimFunc) -> tvm.s_tir.Schedule | None:
+        sch = tvm.s_tir.Schedule(func)
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        infos = try_inline(sch, infos)
+        if len(infos) != 1:
+            return None
+        block = infos[0].block_rv
+        kinds = infos[0].dom_kind()
+        if "O" in kinds or not kinds.startswith("S"):
+            return None
+        loops = sch.get_loops(block)
+        spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
+        reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
+        extents = [get_extent(sch, loop) for loop in spatial]
+        # Only the innermost loop needs a known extent; outer ones may be symbolic (batch, seq).
+        inner = spatial[-1] if len(spatial) > 1 else None
+        if inner is not None and not (isinstance(extents[-1], int)
+                                      and extents[-1] % self.VECTOR_LANES == 0):
+            inner = None
+        if inner is None and not self.parallel:
+            return None
+        if inner is not None and reduce:
+            sch.reorder(*spatial[:-1], *reduce, inner)
+        outer_total = 1
+        for extent in extents[:-1]:
+            outer_total = outer_total * extent if isinstance(extent, int) else self.MIN_PARALLEL
+        if self.parallel and len(spatial) > 1 and outer_total * (extents[-1] if isinstance(
+                extents[-1], int) else 1) >= self.MIN_PARALLEL:
+            sch.parallel(sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0])
+        if inner is not None:
+            _, lanes = sch.split(inner, factors=[None, self.VECTOR_LANES])
+            sch.vectorize(lanes)
+        return sch
+
+
+def target_libraries(target: Target) -> dict[str, Any]:
+    """The target's ``[libraries]`` table: which native libraries its kernels may call."""
+    return dict(target.libraries)
 
 
 CODEGENS = {"llvm": LLVMCodegen()}

@@ -11,6 +11,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/auxv.h>
 #include <sys/utsname.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
@@ -747,6 +748,21 @@ std::string Sha256Hex(const uint8_t* data, size_t size) {
 
 namespace {
 std::set<std::string> HostCpuFeatures() {
+#if defined(__aarch64__)
+  // The kernel's hwcaps, which qemu-user also emulates (its /proc/cpuinfo is the host's).
+  // Bits from the arm64 ABI (asm/hwcap.h), named as /proc/cpuinfo names them.
+  static const std::pair<const char*, unsigned long> kHwcap[] = {
+      {"fp", 1UL << 0}, {"asimd", 1UL << 1}, {"aes", 1UL << 3}, {"crc32", 1UL << 7},
+      {"atomics", 1UL << 8}, {"fphp", 1UL << 9}, {"asimdhp", 1UL << 10},
+      {"asimdrdm", 1UL << 12}, {"asimddp", 1UL << 20}, {"sve", 1UL << 22}};
+  static const std::pair<const char*, unsigned long> kHwcap2[] = {
+      {"i8mm", 1UL << 13}, {"bf16", 1UL << 14}, {"sve2", 1UL << 1}};
+  std::set<std::string> features;
+  unsigned long hwcap = getauxval(AT_HWCAP), hwcap2 = getauxval(AT_HWCAP2);
+  for (const auto& [name, bit] : kHwcap) if (hwcap & bit) features.insert(name);
+  for (const auto& [name, bit] : kHwcap2) if (hwcap2 & bit) features.insert(name);
+  return features;
+#else
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {
@@ -760,6 +776,7 @@ std::set<std::string> HostCpuFeatures() {
     }
   }
   return {};
+#endif
 }
 
 // Features a library needs that this CPU lacks (none when built for another arch).

@@ -1,0 +1,130 @@
+"""Native code linked into model libraries: edgec's C++ shims, compiled once per content hash.
+
+A shim is a C++ file under ``edgec/native/`` whose functions the Relax program calls by name
+(``call_dps_packed``). It is compiled ``-fPIC`` against tvm_ffi's headers into an object file kept
+in a cache directory (``$XDG_CACHE_HOME/edgec/native``, else ``~/.cache/edgec/native``), keyed by
+the hash of its source, the compiler's version and the flags, and linked into the exported model
+library with the libraries it needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ToolchainError
+
+NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
+DNNL_INSTALL_HINT = "install libdnnl-dev: apt-get install libdnnl-dev"
+_CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-DNDEBUG"]
+
+
+@dataclass(frozen=True)
+class NativeAddon:
+    """A compiled shim: objects and flags for the model library's link, and its run-time needs.
+
+    ``link_args`` go after the model's own objects (``export_library(addons=...)``);
+    ``runtime_libraries`` are the shared libraries the model library then needs on the device.
+    """
+
+    name: str
+    objects: tuple[str, ...]
+    link_args: tuple[str, ...]
+    runtime_libraries: tuple[str, ...]
+
+    @property
+    def addons(self) -> list[str]:
+        """A fresh list for ``export_library(addons=...)``, which mutates what it is given."""
+        return [*self.objects, *self.link_args]
+
+
+def cache_dir() -> Path:
+    """Where compiled shims are kept; never inside the repository."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edgec" / "native"
+
+
+def dnnl_shim(compiler: str = "g++") -> NativeAddon:
+    """The oneDNN shim (``edgec/native/dnnl_shim.cc``) compiled for the host with ``compiler``.
+
+    Raises ToolchainError, in one line, when the compiler, oneDNN's headers or its library are
+    missing. The first call per source version compiles (a few seconds); later calls hit the cache.
+    """
+    obj = _compile_object(
+        NATIVE_DIR / "dnnl_shim.cc", compiler, missing_header_hint=DNNL_INSTALL_HINT,
+        header="dnnl.hpp",
+    )
+    _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
+    return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ("libdnnl.so.2",))
+
+
+def runtime_kernels(compiler: str = "g++") -> NativeAddon:
+    """edgec's kernels for data-dependent-shape ops (``edgec/native/runtime_kernels.cc``):
+    NonZero and Unique, which TVM only provides from Python. Needs nothing beyond tvm_ffi."""
+    obj = _compile_object(NATIVE_DIR / "runtime_kernels.cc", compiler,
+                          missing_header_hint="reinstall apache-tvm-ffi", header="tvm/ffi/function.h")
+    return NativeAddon("runtime_kernels", (str(obj),), (), ())
+
+
+def _compiler_version(compiler: str) -> str:
+    if shutil.which(compiler) is None:
+        raise ToolchainError(
+            f"C++ compiler '{compiler}' not found; it builds edgec's native kernels "
+            f"(Debian: apt-get install g++)"
+        )
+    result = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False)
+    return result.stdout.strip()
+
+
+def _ffi_include() -> str:
+    import tvm_ffi.libinfo
+
+    return tvm_ffi.libinfo.find_include_path()
+
+
+def _compile_object(source: Path, compiler: str, missing_header_hint: str, header: str) -> Path:
+    include = _ffi_include()
+    flags = [*_CXX_FLAGS, f"-I{include}"]
+    key = hashlib.sha256()
+    key.update(source.read_bytes())
+    key.update(_compiler_version(compiler).encode())
+    key.update(" ".join(flags).encode())
+    obj = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.o"
+    if obj.is_file():
+        return obj
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    # Compile to a private name, then rename: concurrent builds never see half an object.
+    fd, tmp = tempfile.mkstemp(suffix=".o", dir=obj.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [compiler, *flags, "-c", str(source), "-o", tmp],
+            capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            if f"{header}: No such file" in result.stderr:
+                raise ToolchainError(f"'{header}' not found while compiling {source.name}; "
+                                     f"{missing_header_hint}")
+            first = next((line for line in result.stderr.splitlines() if "error" in line),
+                         result.stderr.strip()[:300])
+            raise ToolchainError(f"compiling {source.name} with '{compiler}' failed: {first}")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would lock other users out of a shared cache
+        os.replace(tmp, obj)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return obj
+
+
+def _check_library(compiler: str, name: str, hint: str) -> None:
+    """Fail in one line unless ``compiler`` finds ``lib<name>.so`` to link (checked every build:
+    a cached object outlives an uninstalled library)."""
+    result = subprocess.run([compiler, f"-print-file-name=lib{name}.so"],
+                            capture_output=True, text=True, check=False)
+    if not os.path.isabs(result.stdout.strip()):
+        raise ToolchainError(f"library 'lib{name}.so' not found by '{compiler}'; {hint}")

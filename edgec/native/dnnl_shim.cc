@@ -1,0 +1,406 @@
+// oneDNN kernels for edgec model libraries: convolution and dense matmul over DLTensor.
+//
+// The Relax program calls these by name through `call_dps_packed`; each function's argument
+// list is documented in edgec/compiler/library_dispatch.py, which writes the calls. This file is
+// compiled -fPIC (edgec/compiler/native.py) and linked into the exported model library, against
+// libdnnl.so.2 (oneDNN 2.x, Debian's libdnnl-dev).
+//
+// Shapes are concrete only at run time (models have symbolic dims), so a primitive is created on
+// the first call with a shape and cached. Constant weights arrive with a 63-bit id derived from
+// their content at compile time: they are reordered into the primitive's preferred layout once
+// per (id, layout), shared by every shape and call, never repacked per call. Mutexes guard the
+// caches; execution runs outside them, so one VM (or several) may call from any thread.
+//
+// Activations are plain NCHW (4-D) or blocked (5-D [N, C/b, H, W, b]: nChw8c, nChw16c, or NHWC
+// as one block of all channels), read from the tensors' shapes. A plain tensor lets the
+// primitive pick its layout and is reordered in and out. ONEDNN_VERBOSE=1 shows, per call, the
+// implementation and layouts oneDNN chose.
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+// Flags shared with library_dispatch.py.
+constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+void CheckTensor(const DLTensor* t, const char* what) {
+  if (t->device.device_type != kDLCPU) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not on the CPU";
+  }
+  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not float32";
+  }
+  if (t->strides != nullptr) {
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (t->shape[i] != 1 && t->strides[i] != expected) {
+        TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not compact";
+      }
+      expected *= t->shape[i];
+    }
+  }
+}
+
+bool Empty(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return true;
+  }
+  return false;
+}
+
+float* Data(const DLTensor* t) {
+  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
+}
+
+memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
+
+memory::desc ActivationDesc(const DLTensor* t, const char* what) {
+  if (t->ndim == 4) return memory::desc(Dims(t), dt::f32, tag::nchw);
+  if (t->ndim == 5) {
+    memory::dims dims = {t->shape[0], t->shape[1] * t->shape[4], t->shape[2], t->shape[3]};
+    if (t->shape[4] == 8) return memory::desc(dims, dt::f32, tag::nChw8c);
+    if (t->shape[4] == 16) return memory::desc(dims, dt::f32, tag::nChw16c);
+    if (t->shape[1] == 1) return memory::desc(dims, dt::f32, tag::nhwc);
+  }
+  TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what
+                            << " must be NCHW, NCHW8c, NCHW16c, or NHWC as [N, 1, H, W, C]";
+  return memory::desc();
+}
+
+bool IsReference(const dnnl::primitive_desc_base& pd) {
+  return std::string(pd.impl_info_str()).rfind("ref", 0) == 0;
+}
+
+dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
+  return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+}
+
+// Constant weights reordered into a layout, by (content id, layout): identical weights of
+// different calls share one copy.
+memory PackWeights(int64_t id, const memory::desc& user_md, const float* data,
+                   const memory::desc& packed_md) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, memory> cache;
+  std::string key = std::to_string(id) + '/' +
+                    std::string(reinterpret_cast<const char*>(&packed_md.data),
+                                sizeof(packed_md.data));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  memory user(user_md, Engine(), const_cast<float*>(data));
+  memory packed(packed_md, Engine());
+  Reorder(user_md, packed_md).execute(Stream(), user, packed);
+  Stream().wait();
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, packed).first->second;
+}
+
+// What every cached primitive keeps: its weights' layouts and, per weight id, the packed copy.
+struct WeightSlot {
+  memory::desc user;
+  memory::desc packed;
+  std::mutex mutex;
+  std::unordered_map<int64_t, memory> by_id;
+
+  memory Get(int64_t id, const float* data) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = by_id.find(id);
+      if (it != by_id.end()) return it->second;
+    }
+    memory weights = PackWeights(id, user, data, packed);
+    std::lock_guard<std::mutex> lock(mutex);
+    return by_id.emplace(id, weights).first->second;
+  }
+};
+
+// Primitives by a key of every shape and attribute. A model sees a bounded set of shapes; the
+// cache is emptied should it ever pass a bound (entries in use stay alive).
+template <typename Entry>
+class PrimitiveCache {
+ public:
+  template <typename Make>
+  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return it->second;
+    }
+    std::shared_ptr<Entry> entry = make();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cache_.size() >= kMaxEntries) cache_.clear();
+    return cache_.emplace(key, entry).first->second;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      size_t h = 1469598103934665603ull;
+      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+      return h;
+    }
+  };
+  std::mutex mutex_;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
+};
+
+void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
+  key->push_back(t->ndim);
+  key->insert(key->end(), t->shape, t->shape + t->ndim);
+}
+
+// A per-thread buffer of at least `bytes`, for an activation in a primitive's layout.
+float* Scratch(int slot, size_t bytes) {
+  thread_local std::vector<float> buffers[3];
+  std::vector<float>& buffer = buffers[slot];
+  if (buffer.size() * sizeof(float) < bytes) buffer.resize(bytes / sizeof(float) + 1);
+  return buffer.data();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution
+
+struct ConvEntry {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward primitive;
+  WeightSlot weights;
+  memory::desc user_src, user_dst;
+  bool reorder_src = false, reorder_dst = false;
+  dnnl::reorder src_in, residual_in, dst_out;
+};
+
+std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight, bool residual,
+                                    const int64_t* stride, const int64_t* pad_begin,
+                                    const int64_t* pad_end, const int64_t* dilation,
+                                    int64_t groups, int64_t flags, const DLTensor* dst) {
+  memory::desc user_src = ActivationDesc(src, "conv2d data");
+  memory::desc user_dst = ActivationDesc(dst, "conv2d output");
+  auto any = [](const memory::desc& md) { return memory::desc(md.dims(), dt::f32, tag::any); };
+  memory::dims w = Dims(weight);  // O, I/groups, KH, KW
+  memory::dims wdims = w;
+  memory::desc user_weights(w, dt::f32, tag::oihw);
+  if (groups > 1) {
+    wdims = {groups, w[0] / groups, w[1], w[2], w[3]};
+    user_weights = memory::desc(wdims, dt::f32, tag::goihw);
+  }
+  memory::desc bias_md({w[0]}, dt::f32, tag::x);
+  auto make = [&](const memory::desc& src_md, const memory::desc& dst_md, bool with_residual) {
+    dnnl::convolution_forward::desc desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
+        memory::desc(wdims, dt::f32, tag::any), bias_md, dst_md, {stride[0], stride[1]},
+        {dilation[0] - 1, dilation[1] - 1}, {pad_begin[0], pad_begin[1]},
+        {pad_end[0], pad_end[1]});
+    dnnl::post_ops ops;
+    if (with_residual) ops.append_binary(dnnl::algorithm::binary_add, dst_md);
+    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+  };
+  bool plain_src = src->ndim == 4, plain_dst = dst->ndim == 4;
+  auto pd = make(plain_src ? any(user_src) : user_src, plain_dst ? any(user_dst) : user_dst, false);
+  if (IsReference(pd) && !(plain_src && plain_dst)) {
+    // No optimized kernel takes these layouts (an 8-channel block on an AVX-512 machine, say):
+    // let the primitive pick both and reorder.
+    pd = make(any(user_src), any(user_dst), false);
+  }
+  // The residual (a binary post-op input) needs a fixed layout: the one the primitive prefers
+  // without it. It is reordered into that layout when the output is.
+  if (residual) pd = make(pd.src_desc(), pd.dst_desc(), true);
+
+  auto entry = std::make_shared<ConvEntry>();
+  entry->pd = pd;
+  entry->primitive = dnnl::convolution_forward(pd);
+  entry->weights.user = user_weights;
+  entry->weights.packed = pd.weights_desc();
+  entry->user_src = user_src;
+  entry->user_dst = user_dst;
+  entry->reorder_src = pd.src_desc() != user_src;
+  entry->reorder_dst = pd.dst_desc() != user_dst;
+  if (entry->reorder_src) entry->src_in = Reorder(user_src, pd.src_desc());
+  if (entry->reorder_dst) {
+    entry->dst_out = Reorder(pd.dst_desc(), user_dst);
+    if (residual) entry->residual_in = Reorder(user_dst, pd.dst_desc());
+  }
+  return entry;
+}
+
+void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
+            const int64_t* attrs, int64_t weight_id, DLTensor* dst) {
+  // attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
+  CheckTensor(src, "conv2d data");
+  CheckTensor(weight, "conv2d weight");
+  CheckTensor(bias, "conv2d bias");
+  CheckTensor(dst, "conv2d output");
+  if (residual != nullptr) CheckTensor(residual, "conv2d residual");
+  if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec dnnl: conv2d weight must be OIHW";
+  if (Empty(src) || Empty(dst)) return;
+
+  std::vector<int64_t> key(attrs, attrs + 10);
+  key.push_back(residual != nullptr);
+  AppendShape(&key, src);
+  AppendShape(&key, weight);
+  AppendShape(&key, dst);
+  static PrimitiveCache<ConvEntry> cache;
+  auto entry = cache.Get(key, [&]() {
+    return MakeConv(src, weight, residual != nullptr, attrs, attrs + 2, attrs + 4, attrs + 6,
+                    attrs[8], attrs[9], dst);
+  });
+
+  const auto& pd = entry->pd;
+  dnnl::stream& stream = Stream();
+  memory src_m(entry->user_src, Engine(), Data(src));
+  memory dst_m(entry->user_dst, Engine(), Data(dst));
+  memory src_p = src_m, dst_p = dst_m;
+  if (entry->reorder_src) {
+    src_p = memory(pd.src_desc(), Engine(), Scratch(0, pd.src_desc().get_size()));
+    entry->src_in.execute(stream, src_m, src_p);
+  }
+  if (entry->reorder_dst) {
+    dst_p = memory(pd.dst_desc(), Engine(), Scratch(1, pd.dst_desc().get_size()));
+  }
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, src_p},
+      {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, Data(weight))},
+      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), Data(bias))},
+      {DNNL_ARG_DST, dst_p},
+  };
+  if (residual != nullptr) {
+    memory residual_m(entry->user_dst, Engine(), Data(residual));
+    if (entry->reorder_dst) {
+      memory residual_p(pd.dst_desc(), Engine(), Scratch(2, pd.dst_desc().get_size()));
+      entry->residual_in.execute(stream, residual_m, residual_p);
+      residual_m = residual_p;
+    }
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, residual_m);
+  }
+  entry->primitive.execute(stream, args);
+  if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);
+  stream.wait();
+}
+
+// conv2d(data, weight[O, I/groups, KH, KW], bias[O], stride h, w, pad top, left, bottom, right,
+//        dilation h, w, groups, flags, weight id, out): out = act(conv(data, weight) + bias)
+void Conv2dExport(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t stride_h,
+                  int64_t stride_w, int64_t pad_top, int64_t pad_left, int64_t pad_bottom,
+                  int64_t pad_right, int64_t dilation_h, int64_t dilation_w, int64_t groups,
+                  int64_t flags, int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
+                           pad_right, dilation_h, dilation_w, groups, flags};
+  try {
+    Conv2d(src, weight, bias, nullptr, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl conv2d: " << e.what();
+  }
+}
+
+// conv2d_add(data, weight, bias, residual, <attributes as conv2d>, out):
+// out = act(conv(data, weight) + bias + residual); the residual has the output's shape.
+void Conv2dAddExport(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
+                     int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                     int64_t pad_bottom, int64_t pad_right, int64_t dilation_h,
+                     int64_t dilation_w, int64_t groups, int64_t flags, int64_t weight_id,
+                     DLTensor* dst) {
+  const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
+                           pad_right, dilation_h, dilation_w, groups, flags};
+  try {
+    Conv2d(src, weight, bias, residual, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl conv2d: " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul
+
+struct MatmulEntry {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  WeightSlot weights;
+};
+
+// dense(data[..., K], weight[K, N], bias[N], flags, weight id, out[..., N]):
+// out = act(data @ weight + bias), the leading dims of data flattened into M.
+void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64_t weight_id,
+           DLTensor* dst) {
+  CheckTensor(src, "dense data");
+  CheckTensor(weight, "dense weight");
+  CheckTensor(bias, "dense bias");
+  CheckTensor(dst, "dense output");
+  if (weight->ndim != 2 || src->ndim < 1 || src->shape[src->ndim - 1] != weight->shape[0]) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: dense needs data [..., K] and weight [K, N]";
+  }
+  int64_t k = weight->shape[0], n = weight->shape[1];
+  int64_t m = 1;
+  for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
+  if (m == 0 || n == 0) return;
+
+  static PrimitiveCache<MatmulEntry> cache;
+  auto entry = cache.Get({m, k, n, flags}, [&]() {
+    dnnl::post_ops ops;
+    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    dnnl::matmul::desc desc(memory::desc({m, k}, dt::f32, tag::ab),
+                            memory::desc({k, n}, dt::f32, tag::any),
+                            memory::desc({1, n}, dt::f32, tag::ab),
+                            memory::desc({m, n}, dt::f32, tag::ab));
+    dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+    auto entry = std::make_shared<MatmulEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::matmul(pd);
+    entry->weights.user = memory::desc({k, n}, dt::f32, tag::ab);
+    entry->weights.packed = pd.weights_desc();
+    return entry;
+  });
+  const auto& pd = entry->pd;
+  entry->primitive.execute(
+      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), Data(src))},
+                 {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, Data(weight))},
+                 {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), Data(bias))},
+                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), Data(dst))}});
+  Stream().wait();
+}
+
+void DenseExport(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags,
+                 int64_t weight_id, DLTensor* dst) {
+  try {
+    Dense(src, weight, bias, flags, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl dense: " << e.what();
+  }
+}
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_conv2d, Conv2dExport);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_conv2d_add, Conv2dAddExport);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_dense, DenseExport);

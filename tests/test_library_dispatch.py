@@ -1,0 +1,262 @@
+"""The oneDNN library dispatch: the Relax rewrite (IR checks, no oneDNN needed) and compiled
+models against onnxruntime (skipped when oneDNN's development files are not installed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+
+from edgec.build import build
+from edgec.compiler import codegen, native
+from edgec.compiler.dispatch import add_shape_dispatch
+from edgec.compiler.frontend import import_onnx
+from edgec.compiler.library_dispatch import DispatchRules, dispatch_with_stats
+from edgec.errors import ToolchainError
+from edgec.model import from_proto
+import edgec.runtime
+from edgec.plan import PlanSettings, plan
+from edgec.profile import profile
+from edgec.samples import Sample
+from edgec.targets import load_target
+
+
+def _dnnl_missing() -> str | None:
+    try:
+        native.dnnl_shim()
+    except ToolchainError as exc:
+        return str(exc)
+    return None
+
+
+needs_dnnl = pytest.mark.skipif(_dnnl_missing() is not None,
+                                reason=f"oneDNN shim cannot be built: {_dnnl_missing()}")
+
+
+def _weight(rng, *shape, scale=None):
+    fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+    return (rng.standard_normal(shape) * (scale or np.sqrt(2.0 / fan_in))).astype(np.float32)
+
+
+def cnn_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 3, 16, 16] -> 10 logits, with each pattern the pass handles.
+
+    conv+BN+relu; max pool; conv + Sum residual + relu; a grouped conv whose groups are not whole
+    channel blocks, then a channel shuffle; a depthwise strided conv; two branches concatenated to
+    40 channels (a count 16 does not divide); global average pool; Gemm with a transposed weight.
+    """
+    rng = np.random.default_rng(seed)
+    inits = {
+        "w1": _weight(rng, 16, 3, 3, 3), "bn_s": rng.uniform(0.5, 1.5, 16).astype(np.float32),
+        "bn_b": rng.uniform(-0.5, 0.5, 16).astype(np.float32),
+        "bn_m": rng.uniform(-0.5, 0.5, 16).astype(np.float32),
+        "bn_v": rng.uniform(0.5, 1.5, 16).astype(np.float32),
+        "w2": _weight(rng, 16, 16, 3, 3), "b2": _weight(rng, 16, scale=0.1),
+        "w3": _weight(rng, 24, 4, 1, 1), "w4": _weight(rng, 24, 1, 3, 3),
+        "w5": _weight(rng, 32, 24, 1, 1), "w6": _weight(rng, 8, 24, 1, 1),
+        "fc": _weight(rng, 10, 40), "fc_b": _weight(rng, 10, scale=0.1),
+        "split": np.array([0, 4, 6, 8, 8], np.int64), "merge": np.array([0, 24, 8, 8], np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "bn_s", "bn_b", "bn_m", "bn_v"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Sum", ["c2", "p1"], ["s2"]),
+        helper.make_node("Relu", ["s2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"], group=4),
+        helper.make_node("Relu", ["c3"], ["r3g"]),
+        # ShuffleNet's channel shuffle: groups of 6 channels interleaved.
+        helper.make_node("Reshape", ["r3g", "split"], ["sh1"]),
+        helper.make_node("Transpose", ["sh1"], ["sh2"], perm=[0, 2, 1, 3, 4]),
+        helper.make_node("Reshape", ["sh2", "merge"], ["r3"]),
+        helper.make_node("Conv", ["r3", "w4"], ["c4"], group=24, strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c4", "w5"], ["c5"]),
+        helper.make_node("Relu", ["c5"], ["r5"]),
+        helper.make_node("Conv", ["c4", "w6"], ["c6"]),
+        helper.make_node("Concat", ["r5", "c6"], ["cat"], axis=1),
+        helper.make_node("GlobalAveragePool", ["cat"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc", "fc_b"], ["y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def matmul_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, seq, 32] -> MatMul+bias -> Relu -> MatMul -> y[batch, seq, 16]."""
+    rng = np.random.default_rng(seed)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+         helper.make_node("Add", ["h", "b1"], ["hb"]),
+         helper.make_node("Relu", ["hb"], ["r"]),
+         helper.make_node("MatMul", ["r", "w2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 16])],
+        [numpy_helper.from_array(_weight(rng, 32, 64), "w1"),
+         numpy_helper.from_array(_weight(rng, 64, scale=0.1), "b1"),
+         numpy_helper.from_array(_weight(rng, 64, 16), "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def if_model(seed: int = 0) -> onnx.ModelProto:
+    """An If whose two branches each hold a conv+relu of x[batch, 8, 8, 8]."""
+    rng = np.random.default_rng(seed)
+
+    def branch(name):
+        return helper.make_graph(
+            [helper.make_node("Conv", ["x", f"{name}_w"], [f"{name}_c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", [f"{name}_c"], [f"{name}_y"])],
+            name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, None)],
+            [numpy_helper.from_array(_weight(rng, 16, 8, 3, 3), f"{name}_w")])
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0),
+         helper.make_node("Greater", ["m", "zero"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=branch("then"),
+                          else_branch=branch("else"))],
+        "branches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 8, 8])],
+        [numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    return re.findall(r"= (R\.[a-z_.0-9]+)\(", mod.script(show_meta=False))
+
+
+def _calls(mod: tvm.IRModule) -> list[str]:
+    return re.findall(r'R\.call_dps_packed\("(\w+)"', mod.script(show_meta=False))
+
+
+def test_rewrite_fuses_conv_epilogues_and_leaves_the_input_alone():
+    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    before = mod.script(show_meta=False)
+    out, stats = dispatch_with_stats(mod, DispatchRules(block=0))
+    assert mod.script(show_meta=False) == before
+    # 6 convs (BN folded into the first, the Sum residual into the second) and the Gemm.
+    assert stats.calls == {
+        "edgec_dnnl_conv2d": 5, "edgec_dnnl_conv2d_add": 1, "edgec_dnnl_dense": 1}
+    ops = _ops(out)
+    for gone in ("R.nn.conv2d", "R.nn.batch_norm", "R.matmul", "R.stack", "R.sum"):
+        assert gone not in ops
+    assert "R.layout_transform" not in ops
+    # A relu fused into a conv leaves no relu behind; concat, pools and flatten stay with TVM.
+    assert "R.nn.relu" not in ops
+    assert {"R.concat", "R.nn.max_pool2d", "R.mean"} <= set(ops)
+
+
+def test_blocked_layout_keeps_activations_blocked_between_library_calls():
+    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    out, _ = dispatch_with_stats(mod, DispatchRules(block=16))
+    text = out.script(show_meta=False)
+    assert 'layout="NCHW16c"' in text  # the max pool runs blocked in TVM
+    # 40 channels: not a multiple of 16, so the concat runs in NHWC, one block of all channels.
+    assert re.search(r"R\.concat\(.*axis=4\)", text)
+    # The channel shuffle is a gather along NHWC's channel axis, not a trip through NCHW.
+    assert "R.take" in _ops(out) and "R.permute_dims" not in _ops(out)
+    # Layouts change only where a tensor leaves the blocked world: before the flatten.
+    assert _ops(out).count("R.layout_transform") <= 2
+
+
+def test_grouped_conv_becomes_dense_only_for_8_channel_blocks():
+    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    for block, grouped in ((8, 0), (16, 1)):
+        out, _ = dispatch_with_stats(mod, DispatchRules(block=block))
+        # The group-4 conv's groups argument: the 9th integer of its call.
+        calls = re.findall(r'"edgec_dnnl_conv2d", \((?:[^,]+, ){3}((?:-?\d+, ){9})',
+                           out.script(show_meta=False))
+        groups = [int(c.split(", ")[8]) for c in calls]
+        assert groups.count(4) == grouped, (block, groups)
+
+
+def test_rewrite_reaches_specializations_fallback_and_if_branches():
+    mod = import_onnx(from_proto(matmul_model(), "mlp"))
+    mod = add_shape_dispatch(mod, [{"batch": 1, "seq": 4}])
+    out, stats = dispatch_with_stats(mod)
+    assert stats.calls == {"edgec_dnnl_dense": 4}  # two matmuls in spec_0 and in generic
+    for name in ("spec_0", "generic"):
+        assert "R.matmul" not in out[name].script(show_meta=False)
+    assert "R.nn.relu" not in _ops(out)  # bias and relu went into the first dense
+
+    out, stats = dispatch_with_stats(import_onnx(from_proto(if_model(), "branches")))
+    assert stats.calls == {"edgec_dnnl_conv2d": 2}
+    assert "R.nn.conv2d" not in out.script(show_meta=False)
+
+
+def test_missing_toolchain_is_a_one_line_error(tmp_path):
+    with pytest.raises(ToolchainError, match="C\\+\\+ compiler 'no-such-g\\+\\+' not found"):
+        native.dnnl_shim("no-such-g++")
+    source = tmp_path / "needs_header.cc"
+    source.write_text("#include <no_such_library.hpp>\n")
+    with pytest.raises(ToolchainError) as info:
+        native._compile_object(source, "g++", "install libfoo-dev", header="no_such_library.hpp")
+    assert "\n" not in str(info.value) and str(info.value).endswith("install libfoo-dev")
+
+
+def _compile(proto, name, samples, monkeypatch, block, tmp_path, settings=PlanSettings()):
+    """Build ``proto`` for the host through every stage, with activation blocks of ``block``."""
+    model = from_proto(proto, name)
+    target = load_target("x86_64")
+    monkeypatch.setattr(codegen, "dnnl_rules",
+                        lambda t: dataclasses.replace(DispatchRules(), block=block))
+    artifact = build(model, plan(model, profile(model, samples), target, settings), [target])
+    assert artifact.manifest["libraries"]["x86_64"]["native_dependencies"] == ["libdnnl.so.2"]
+    path = tmp_path / f"{name}.edgec"
+    artifact.save(path)
+    return edgec.runtime.load(path)
+
+
+def _reference(proto, inputs):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(proto.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, inputs)[0]
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [0, 8, 16])
+def test_compiled_cnn_matches_onnxruntime(block, monkeypatch, tmp_path):
+    proto = cnn_model()
+    rng = np.random.default_rng(1)
+    profiled = [Sample(f"s{i}", {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)})
+                for i in range(3)]
+    model = _compile(proto, "cnn", profiled, monkeypatch, block, tmp_path)
+    assert [f["name"] for f in model.manifest["libraries"]["x86_64"]["functions"]] == [
+        "main", "spec_0", "generic"]
+    for batch in (1, 3):  # the batch-1 specialization, then the symbolic fallback
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        got = model.run({"x": x})["y"]
+        np.testing.assert_allclose(got, _reference(proto, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_compiled_dynamic_matmul_matches_onnxruntime(monkeypatch, tmp_path):
+    proto = matmul_model()
+    rng = np.random.default_rng(2)
+    profiled = [Sample(f"s{i}", {"x": rng.standard_normal((1, 4, 32)).astype(np.float32)})
+                for i in range(3)]
+    model = _compile(proto, "mlp", profiled, monkeypatch, 8, tmp_path)
+    for shape in ((1, 4), (2, 7), (1, 4), (3, 1)):  # specialized, fallback, again, fallback
+        x = rng.standard_normal((*shape, 32)).astype(np.float32)
+        got = model.run({"x": x})["y"]
+        np.testing.assert_allclose(got, _reference(proto, {"x": x}), rtol=1e-4, atol=1e-4)
