@@ -1,11 +1,26 @@
 #!/usr/bin/env bash
-# Install the Debian packages edgec needs to compile models for the host (Debian 12, as root);
-# idempotent and quiet.
-#   g++           links model libraries; builds edgec's native kernels (edgec/native/)
-#   libdnnl-dev   oneDNN 2.x headers and libdnnl.so: convolutions and matmuls on x86 targets
-#                 with [libraries] dnnl = true; devices running those libraries need libdnnl2
+# Install the Debian packages edgec needs (Debian 12, as root); idempotent and quiet.
+# Usage: scripts/install-system-deps.sh [GROUP...]   (default: build)
+#   build    g++ (links model libraries, builds edgec/native/), libdnnl-dev (oneDNN: convolutions
+#            and matmuls on x86 targets with [libraries] dnnl = true; devices then need libdnnl2)
+#   cross    make, g++-aarch64-linux-gnu + libc6-dev-arm64-cross (aarch64 libraries and C++ host),
+#            qemu-user (runs them here), python3-venv (the runtime-only wheel's test venv)
+#   report   chromium (the HTML report's screenshot test)
 set -euo pipefail
-packages=(g++ libdnnl-dev)
+declare -A groups=(
+    [build]="g++ libdnnl-dev"
+    [cross]="make g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3-venv"
+    [report]="chromium"
+)
+packages=()
+for group in "${@:-build}"; do
+    if [ -z "${groups[$group]+x}" ]; then
+        echo "install-system-deps: unknown group '$group'; known: ${!groups[*]}" >&2
+        exit 2
+    fi
+    read -r -a members <<< "${groups[$group]}"
+    packages+=("${members[@]}")
+done
 missing=()
 for package in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then

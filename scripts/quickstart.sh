@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name="${1:-transformer}"
+bash scripts/install-system-deps.sh build   # g++ and oneDNN (needs root on a fresh machine)
 bash scripts/setup-venv.sh
 edgec=.venv/bin/edgec
 out="out/$name"

@@ -146,7 +146,7 @@ def assert_outputs_match(got: dict[str, np.ndarray], expected: dict[str, np.ndar
 
 pytestmark = pytest.mark.skipif(
     bool(missing_tools("g++", "make")),
-    reason=f"needs {', '.join(missing_tools('g++', 'make'))} (scripts/install-cross-deps.sh)",
+    reason=f"needs {', '.join(missing_tools('g++', 'make'))} (scripts/install-system-deps.sh cross)",
 )
 
 

@@ -3,7 +3,7 @@ under qemu user emulation in the C++ host cross-compiled against the aarch64 TVM
 libraries, and match the x86 library of the same artifact.
 
 Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64`` and the aarch64 sysroot
-(``scripts/install-cross-deps.sh``), and the aarch64 wheels of the pinned apache-tvm and
+(``scripts/install-system-deps.sh cross``), and the aarch64 wheels of the pinned apache-tvm and
 apache-tvm-ffi, which it downloads once into ``~/.cache/edgec``.
 """
 
@@ -37,7 +37,7 @@ if not SYSROOT.is_dir():
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(bool(_missing),
-                       reason=f"needs {', '.join(_missing)} (scripts/install-cross-deps.sh)"),
+                       reason=f"needs {', '.join(_missing)} (scripts/install-system-deps.sh cross)"),
 ]
 
 
