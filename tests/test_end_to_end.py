@@ -24,7 +24,7 @@ from edgec.targets import load_target
 TOLERANCE = 1e-4  # max abs difference relative to the output's scale
 
 
-@pytest.mark.parametrize("name", ["cnn", "transformer", "early_exit", "moe"])
+@pytest.mark.parametrize("name", ["cnn", "transformer", "early_exit", "moe", "greedy_decoder", "scan_rnn"])
 def test_compiled_zoo_model_matches_onnxruntime_on_seen_and_unseen_shapes(name, tmp_path):
     entry = zoo.get(name)
     model = from_proto(entry.make_model(0), name)

@@ -43,10 +43,11 @@ def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int
         if unknown:
             raise ValueError(f"specialization names dims {unknown} that main does not have {sorted(known)}")
 
-    builder = relax.BlockBuilder()
-    for gvar, func in mod.functions.items():
-        if gvar.name_hint != "main":
-            builder.add_func(func, gvar.name_hint)
+    # Start from the other functions under their own GlobalVars: loop functions call themselves
+    # through them, and a re-added copy would get a new one.
+    builder = relax.BlockBuilder(
+        tvm.IRModule({gvar: func for gvar, func in mod.functions.items() if gvar.name_hint != "main"},
+                     attrs=mod.attrs))
     generic_gv = builder.add_func(generic, "generic")
     specialized = []
     for index, spec in enumerate(specializations):
