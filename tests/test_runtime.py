@@ -64,6 +64,11 @@ def test_aligned_copies_only_misaligned_or_strided_arrays():
     bad = buffer[start + 4: start + 4 + 252].view(np.float32)
     fixed = aligned(bad)
     assert fixed.ctypes.data % ALIGNMENT == 0 and np.array_equal(fixed, bad)
+    good.flags.writeable = False
+    assert aligned(good) is not good and aligned(good).flags.writeable
+    empty = np.zeros((0, 3), np.float32)
+    empty.flags.writeable = False
+    assert aligned(empty).shape == (0, 3) and aligned(empty).flags.writeable
     strided = np.arange(20, dtype=np.float32)[::2]
     assert aligned(strided).flags.c_contiguous and np.array_equal(aligned(strided), strided)
 

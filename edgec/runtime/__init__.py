@@ -35,9 +35,12 @@ _runtime_loaded = False
 
 
 def aligned(array: np.ndarray) -> np.ndarray:
-    """``array`` itself when C-contiguous and 64-byte aligned, else an aligned contiguous copy."""
-    if array.flags.c_contiguous and array.ctypes.data % ALIGNMENT == 0:
+    """``array`` itself when C-contiguous, writeable (DLPack cannot export read-only memory) and
+    64-byte aligned, else an aligned contiguous copy."""
+    if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
         return array
+    if array.size == 0:  # no data to read: any writeable empty array will do
+        return np.empty(array.shape, array.dtype)
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-buffer.ctypes.data) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
@@ -138,8 +141,8 @@ class Model:
     def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
         """The inputs as ``tvm_ffi`` tensors over aligned memory, in the order ``main`` takes them."""
         return [
-            self._ffi.from_dlpack(aligned(inputs[spec.name]), require_alignment=ALIGNMENT)
-            for spec in self.inputs
+            self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
+            for array in (aligned(inputs[spec.name]) for spec in self.inputs)
         ]
 
 
