@@ -165,11 +165,7 @@ def _FAST_ERF(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModul
                 return self.builder_.call_te(topi.fast_erf, call.args[0])
             return call
 
-    mutator = FastErf(mod)
-    for gvar, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return mutator.builder_.get()
+    return runtime_kernels.rewrite_functions(FastErf(mod), mod)
 
 
 class _SimpleKernel(dlight.ScheduleRule):

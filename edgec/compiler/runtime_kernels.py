@@ -42,6 +42,14 @@ class _Redirect(relax.PyExprMutator):
         return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
 
 
+def rewrite_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """Apply ``mutator`` (built over ``mod``) to every Relax function of ``mod``; a new module."""
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
 def redirect(mod: tvm.IRModule) -> tuple[tvm.IRModule, set[str]]:
     """Legalize ``mod`` and point Python-only calls at edgec's native kernels.
 
@@ -50,10 +58,7 @@ def redirect(mod: tvm.IRModule) -> tuple[tvm.IRModule, set[str]]:
     """
     mod = relax.transform.LegalizeOps()(mod)
     mutator = _Redirect(mod)
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    mod = mutator.builder_.get()
+    mod = rewrite_functions(mutator, mod)
     if mutator.refused:
         raise CompileError(
             f"the model needs {', '.join(sorted(mutator.refused))}, which TVM provides only from "

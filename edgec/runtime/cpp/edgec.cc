@@ -1078,13 +1078,7 @@ std::vector<ffi::Tensor> Model::Run(const std::vector<Input>& inputs) const {
     std::memcpy(tensor.data_ptr(), in.data, ffi::GetDataSize(tensor));
     args.push_back(std::move(tensor));
   }
-  std::vector<ffi::Tensor> outputs = Flatten(RawCall(args));
-  if (outputs.size() != outputs_.size()) {
-    throw Error(ErrorKind::kArtifact,
-                Quote(where_) + " returned " + std::to_string(outputs.size()) +
-                    " outputs, its manifest lists " + std::to_string(outputs_.size()));
-  }
-  return outputs;
+  return CallChecked(args);
 }
 
 std::vector<ffi::Tensor> Model::Run(const std::vector<ffi::Tensor>& args) const {
@@ -1106,6 +1100,10 @@ std::vector<ffi::Tensor> Model::Run(const std::vector<ffi::Tensor>& args) const 
     given.push_back({inputs_[i].name, t.dtype, t.shape, t.ndim});
   }
   BindInputs(inputs_, given, where);
+  return CallChecked(args);
+}
+
+std::vector<ffi::Tensor> Model::CallChecked(const std::vector<ffi::Tensor>& args) const {
   std::vector<ffi::Tensor> outputs = Flatten(RawCall(args));
   if (outputs.size() != outputs_.size()) {
     throw Error(ErrorKind::kArtifact,

@@ -178,6 +178,8 @@ class Model {
   static std::vector<tvm::ffi::Tensor> Flatten(const tvm::ffi::Any& result);
 
  private:
+  // Call `main` and check it returned as many outputs as the manifest lists.
+  std::vector<tvm::ffi::Tensor> CallChecked(const std::vector<tvm::ffi::Tensor>& args) const;
   std::string where_;
   std::string target_;
   std::vector<TensorSpec> inputs_, outputs_;
