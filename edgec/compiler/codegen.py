@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import tvm
 from tvm import relax, topi
@@ -59,7 +58,7 @@ class LLVMCodegen:
         tvm_target = self.tvm_target(target)
         mod = _fusable(mod)
         addons: list[native.NativeAddon] = []
-        if target_libraries(target).get("dnnl", False):
+        if target.libraries.get("dnnl", False):
             shim = native.dnnl_shim(target.cross_compiler or "g++")  # fails early, in one line
             try:
                 mod, stats = dispatch_with_stats(mod, dnnl_rules(target))
@@ -228,11 +227,6 @@ class _SimpleKernel(dlight.ScheduleRule):
             _, lanes = sch.split(inner, factors=[None, self.VECTOR_LANES])
             sch.vectorize(lanes)
         return sch
-
-
-def target_libraries(target: Target) -> dict[str, Any]:
-    """The target's ``[libraries]`` table: which native libraries its kernels may call."""
-    return dict(target.libraries)
 
 
 CODEGENS = {"llvm": LLVMCodegen()}
