@@ -13,6 +13,7 @@ import ctypes
 import importlib.util
 import os
 import platform
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +86,32 @@ def runtime_libraries() -> list[Path]:
     return [main, extra] if extra.is_file() else [main]
 
 
+def _import_tvm_ffi() -> Any:
+    """Import ``tvm_ffi`` without letting it import torch.
+
+    tvm_ffi imports torch eagerly when it is installed (for DLPack exchange with torch tensors,
+    which the runtime never passes); that would add seconds and hundreds of MB to every load. A
+    ``None`` entry in ``sys.modules`` makes its ``import torch`` fail as if torch were absent. If the
+    application already imported torch, it is left alone.
+    """
+    if "tvm_ffi" in sys.modules or "torch" in sys.modules:
+        import tvm_ffi
+
+        return tvm_ffi
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    try:
+        import tvm_ffi
+    finally:
+        del sys.modules["torch"]
+    return tvm_ffi
+
+
 def _ensure_runtime(threads: int) -> Any:
     """Load libtvm_runtime once per process and return the ``tvm_ffi`` module."""
     global _runtime_loaded
     # The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
-    import tvm_ffi
+    tvm_ffi = _import_tvm_ffi()
 
     if not _runtime_loaded:
         for library in runtime_libraries():
