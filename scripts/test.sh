@@ -10,5 +10,5 @@ if [ "$(id -u)" -eq 0 ]; then
 else
     bash scripts/install-system-deps.sh build cross report || echo "test.sh: continuing without them" >&2
 fi
-bash scripts/setup-venv.sh dev
+bash scripts/setup-venv.sh dev,torch
 exec .venv/bin/python -m pytest "$@"
