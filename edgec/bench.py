@@ -235,6 +235,7 @@ def bench(
     settings: BenchSettings = BenchSettings(),
     target: str | None = None,
     baselines: tuple[str, ...] = ("onnxruntime", "onnxruntime-1t"),
+    require_signature: Any = None,
 ) -> BenchResult:
     """Benchmark the artifact at ``artifact_path`` against baselines running ``model``.
 
@@ -251,7 +252,8 @@ def bench(
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
     start = time.perf_counter()
-    compiled = runtime.load(artifact_path, target=target, threads=settings.threads)
+    compiled = runtime.load(artifact_path, target=target, threads=settings.threads,
+                            require_signature=require_signature)
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]

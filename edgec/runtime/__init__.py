@@ -226,14 +226,21 @@ def select_target(manifest: dict[str, Any], target: str | None, where: str) -> s
     )
 
 
-def load(path: str | Path, target: str | None = None, threads: int | None = None) -> Model:
+def load(path: str | Path, target: str | None = None, threads: int | None = None,
+         require_signature: Any = None) -> Model:
     """Verify and load an artifact; pick the library for this host unless ``target`` names one.
 
-    Every check (format version, member paths, checksums) runs before native code is loaded.
+    Every check (format version, member paths, checksums and, when ``require_signature`` names a
+    public key (a file, PEM or raw bytes), the artifact's Ed25519 signature by that key) runs
+    before native code is loaded.
     ``threads`` sets the VM's thread pool (default: every core available to the process) and only
     takes effect for the first model loaded in a process.
     """
     artifact = Artifact.load(path)
+    if require_signature is not None:
+        from ..signing import verify_artifact  # imports cryptography, needed only here
+
+        verify_artifact(artifact, require_signature, str(path))
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
     tvm_ffi = _ensure_runtime(threads or _default_threads())
