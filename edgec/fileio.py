@@ -15,14 +15,15 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], None], mode: int | None = None) -> Path:
     """Call ``write(tmp_path)`` and rename the temporary file onto ``path`` only if it succeeds.
 
     The temporary file lives in the destination folder, so the rename is atomic; it is flushed to
     disk before the rename, so a crash never leaves a renamed but empty file. On any error it is
     removed and ``path`` is left as it was; a full disk or an unwritable folder raises
     OutputFileError naming the path. A process killed mid-write (SIGKILL cannot be caught) leaves
-    its temporary file behind: the next write to the same path removes it.
+    its temporary file behind: the next write to the same path removes it. The file gets ``mode``,
+    by default what ``open`` would give it (0666 less the umask; the temporary file starts 0600).
     """
     path = Path(path)
     try:
@@ -37,6 +38,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(tmp_path)
         with open(tmp_path, "rb+") as handle:
             os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), _default_mode() if mode is None else mode)
         os.replace(tmp_path, path)
     except BaseException as exc:
         tmp_path.unlink(missing_ok=True)
@@ -44,6 +46,12 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
             raise _output_error(path, exc) from exc
         raise
     return path
+
+
+def _default_mode() -> int:
+    umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def _output_error(path: Path, exc: OSError) -> OutputFileError:

@@ -163,11 +163,7 @@ def generate_keypair(private_path: str | Path) -> tuple[Path, Path]:
     public_pem = key.public_key().public_bytes(serialization.Encoding.PEM,
                                                serialization.PublicFormat.SubjectPublicKeyInfo)
 
-    def write_public(tmp: Path) -> None:
-        tmp.write_bytes(public_pem)
-        tmp.chmod(0o644)
-
     # atomic_write's temporary file is created 0600, so the private key is never readable by others.
-    atomic_write(private_path, lambda tmp: tmp.write_bytes(private_pem))
-    atomic_write(public_path, write_public)
+    atomic_write(private_path, lambda tmp: tmp.write_bytes(private_pem), mode=0o600)
+    atomic_write(public_path, lambda tmp: tmp.write_bytes(public_pem), mode=0o644)
     return private_path, public_path

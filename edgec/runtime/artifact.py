@@ -129,6 +129,12 @@ def check_manifest(manifest: Any, files: dict[str, bytes], where: str) -> None:
         )
     if version < 1:
         raise ArtifactError(f"'{where}' has an invalid format_version {version}; rebuild it")
+    if not isinstance(manifest["model"], dict):
+        raise ArtifactError(f"'{where}' has an invalid model entry in its manifest; rebuild it")
+    for kind in ("inputs", "outputs"):
+        specs = manifest[kind]
+        if not isinstance(specs, list) or not all(_valid_spec(spec) for spec in specs):
+            raise ArtifactError(f"'{where}' has invalid {kind} in its manifest; rebuild it")
     libraries = manifest["libraries"]
     if not isinstance(libraries, dict) or not libraries:
         raise ArtifactError(f"'{where}' lists no libraries; rebuild it")
@@ -146,3 +152,17 @@ def check_manifest(manifest: Any, files: dict[str, bytes], where: str) -> None:
     unlisted = sorted(set(files) - listed)
     if unlisted:
         raise ArtifactError(f"'{where}' holds members the manifest does not list: {', '.join(unlisted)}")
+
+
+def _valid_spec(spec: Any) -> bool:
+    """A tensor spec the runtime can check inputs against: name, dtype name, dims, bounds."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return False
+    dims = spec.get("dims")
+    if not isinstance(spec.get("dtype"), str) or not isinstance(dims, list):
+        return False
+    if not all((isinstance(d, int) and not isinstance(d, bool) and d >= 0) or isinstance(d, str) for d in dims):
+        return False
+    bounds = spec.get("bounds")
+    return bounds is None or (isinstance(bounds, list) and len(bounds) == 2
+                              and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds))
