@@ -28,7 +28,8 @@ partial output. One test per row; rows already covered elsewhere are referenced,
 | compile killed midway (SIGKILL)                 |                                                 | test_killed_midway                  |
 | bench killed midway (SIGKILL)                   |                                                 | test_killed_midway                  |
 | tune killed midway, two tuners on one database  | the tuning tests (tune owns its database)       |                                     |
-| disk full (ENOSPC)                              | test_disk_full_write_leaves_nothing             | test_disk_full_cli, test_disk_full_on_a_real_tiny_filesystem |
+| disk full (ENOSPC)                              | test_disk_full_write_leaves_nothing,            | test_disk_full_cli,                 |
+|                                                 | test_disk_full_when_the_runtime_unpacks_a_...   | test_disk_full_on_a_real_tiny_...   |
 """
 
 from __future__ import annotations
@@ -511,6 +512,13 @@ def test_disk_full_cli(mlp_artifact, mlp_dir, tmp_path, capfd, monkeypatch):
     assert main(["--debug", *args]) == OutputFileError.exit_code
     assert "Traceback (most recent call last)" in capfd.readouterr().err
     assert not out.exists() and _leftovers(out.parent) == []
+
+
+def test_disk_full_when_the_runtime_unpacks_a_library(mlp_artifact, monkeypatch):
+    monkeypatch.setattr(Path, "write_bytes", _enospc)
+    with pytest.raises(OutputFileError, match="cannot unpack the 'x86_64' library .*free space there "
+                                              "or point TMPDIR elsewhere"):
+        runtime.load(mlp_artifact)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ArtifactError, SamplesError, ToolchainError, describe
+from ..errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
 from .artifact import Artifact
 from .signature import TensorSpec, bind_inputs
 
@@ -246,7 +246,11 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     tvm_ffi = _ensure_runtime(threads or _default_threads())
     with tempfile.TemporaryDirectory(prefix="edgec-") as tmp:
         lib_path = Path(tmp) / "model.so"  # not the manifest's name: it must not steer the path
-        lib_path.write_bytes(artifact.library(chosen))
+        try:
+            lib_path.write_bytes(artifact.library(chosen))
+        except OSError as exc:  # a full or read-only temporary folder
+            raise OutputFileError(f"cannot unpack the '{chosen}' library of '{path}' into '{tmp}': "
+                                  f"{exc.strerror}; free space there or point TMPDIR elsewhere") from None
         try:
             module = tvm_ffi.load_module(str(lib_path))
         except Exception as exc:  # the loader reports dlopen failures with its own types
