@@ -61,7 +61,8 @@ def latency_stats(samples_ms: list[float]) -> dict[str, float]:
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, float]:
     """Max abs difference, the same relative to the reference's scale, and cosine similarity.
 
-    Taken over every output; a shape mismatch counts as infinitely wrong.
+    Taken over every output; a shape mismatch, or NaN/Inf where the reference has none (or the
+    other way round), counts as infinitely wrong.
     """
     max_abs, max_rel, cosine_min = 0.0, 0.0, 1.0
     for name, ref in expected.items():
@@ -72,12 +73,16 @@ def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarra
         got64 = got.astype(np.float64).ravel()
         if ref64.size == 0:
             continue
-        if not (np.isfinite(ref64).all() and np.isfinite(got64).all()):
-            same = np.array_equal(ref64, got64, equal_nan=True)
-            diff = 0.0 if same else float("inf")
-            max_abs, max_rel = max(max_abs, diff), max(max_rel, diff)
-            cosine_min = min(cosine_min, 1.0 if same else -1.0)
-            continue
+        finite = np.isfinite(ref64) & np.isfinite(got64)
+        if not finite.all():
+            # NaN and Inf (from NaN/Inf inputs) must sit at the same places with the same value;
+            # the finite rest is then compared as usual.
+            if not np.array_equal(ref64[~finite], got64[~finite], equal_nan=True):
+                max_abs, max_rel, cosine_min = float("inf"), float("inf"), -1.0
+                continue
+            ref64, got64 = ref64[finite], got64[finite]
+            if ref64.size == 0:
+                continue
         diff = float(np.abs(got64 - ref64).max())
         scale = max(float(np.abs(ref64).max()), 1e-12)
         norms = float(np.linalg.norm(ref64) * np.linalg.norm(got64))
@@ -235,6 +240,7 @@ def bench(
     settings: BenchSettings = BenchSettings(),
     target: str | None = None,
     baselines: tuple[str, ...] = ("onnxruntime", "onnxruntime-1t"),
+    require_signature: Any = None,
 ) -> BenchResult:
     """Benchmark the artifact at ``artifact_path`` against baselines running ``model``.
 
@@ -251,7 +257,8 @@ def bench(
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
     start = time.perf_counter()
-    compiled = runtime.load(artifact_path, target=target, threads=settings.threads)
+    compiled = runtime.load(artifact_path, target=target, threads=settings.threads,
+                            require_signature=require_signature)
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]

@@ -42,6 +42,27 @@ def _plan_opts(func):
     return func
 
 
+def _sign_opt(func):
+    return click.option("--sign", "sign_key", type=click.Path(path_type=Path), default=None,
+                        help="Sign the artifact with this Ed25519 private key (see `edgec keygen`).")(func)
+
+
+def _require_signature_opt(func):
+    return click.option("--require-signature", "public_key", type=click.Path(path_type=Path),
+                        default=None, help="Refuse the artifact unless this Ed25519 public key "
+                        "signed it.")(func)
+
+
+def _signer(sign_key: Path | None):
+    """A function that signs an artifact with ``sign_key`` (read now, before any long compile)."""
+    if sign_key is None:
+        return lambda artifact: artifact
+    from .signing import load_private_key, sign_artifact
+
+    key = load_private_key(sign_key)
+    return lambda artifact: sign_artifact(artifact, key)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
 @click.version_option(package_name="edgec", prog_name="edgec")
@@ -127,16 +148,19 @@ def plan_cmd(model: Path, profile_path: Path, target: str, policy: str, max_spec
 @_model_arg
 @click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
 @click.option("--target", "targets", required=True, multiple=True, help="Repeat for several targets.")
+@_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
-def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], output: Path) -> None:
+def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: Path | None,
+              output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from .build import build
     from .model import load_model
     from .plan import Plan
     from .targets import load_target
 
+    sign = _signer(sign_key)
     artifact = build(load_model(model), Plan.load(plan_path), [load_target(t) for t in targets])
-    artifact.save(output)
+    sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
 
@@ -147,10 +171,11 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], output: Pa
 @_plan_opts
 @click.option("--save-stages", type=click.Path(path_type=Path), default=None,
               help="Also write profile.json and plan.json into this folder.")
+@_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, save_stages: Path | None,
-                output: Path) -> None:
+                sign_key: Path | None, output: Path) -> None:
     """Profile, plan and build in one go."""
     from .build import build
     from .model import load_model
@@ -159,6 +184,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     from .samples import load_samples
     from .targets import load_target
 
+    sign = _signer(sign_key)
     loaded = load_model(model)
     target_list = [load_target(t) for t in targets]
     settings = PlanSettings(policy, max_specializations, min_share)
@@ -170,7 +196,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     if save_stages is not None:
         prof.save(save_stages / "profile.json")
         the_plan.save(save_stages / "plan.json")
-    artifact.save(output)
+    sign(artifact).save(output)
     for region in the_plan.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
@@ -181,14 +207,16 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
 @click.option("--inputs", "inputs_path", required=True, type=click.Path(path_type=Path),
               help="A .npz file keyed by input name.")
 @click.option("--target", default=None, help="Run this target's library (default: this host's).")
+@_require_signature_opt
 @_out_opt("Where to write the outputs (.npz keyed by output name).")
-def run_cmd(artifact: Path, inputs_path: Path, target: str | None, output: Path) -> None:
+def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: Path | None,
+            output: Path) -> None:
     """Run an artifact on one set of inputs."""
     from . import runtime
     from .fileio import atomic_write
     from .samples import read_npz, sample_files
 
-    model = runtime.load(artifact, target=target)
+    model = runtime.load(artifact, target=target, require_signature=public_key)
     inputs = read_npz(sample_files(inputs_path)[0])
     outputs = model.run(inputs)
 
@@ -212,9 +240,11 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, output: Path)
 @click.option("--target", default=None, help="Bench this target's library (default: this host's).")
 @click.option("--baselines", default="onnxruntime,onnxruntime-1t", show_default=True,
               help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
+@_require_signature_opt
 @_out_opt("Where to write the result (JSON).")
 def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int, warmup: int,
-              threads: int, target: str | None, baselines: str, output: Path) -> None:
+              threads: int, target: str | None, baselines: str, public_key: Path | None,
+              output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
     from .bench import BenchSettings, bench
     from .model import load_model
@@ -230,7 +260,7 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     result = bench(artifact, loaded, load_samples(samples_path, loaded), settings, target=target,
-                   baselines=chosen)
+                   baselines=chosen, require_signature=public_key)
     result.save(output)
     click.echo(
         f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
@@ -264,6 +294,18 @@ def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | No
         if regressions:
             raise RegressionError(f"{len(regressions)} regression(s) beyond {margin:.0%} against "
                                   f"'{baseline_path}': {'; '.join(regressions)}")
+
+
+@cli.command("keygen")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="Where to write the private key (PEM, mode 0600); the public key goes to OUTPUT.pub.")
+def keygen_cmd(output: Path) -> None:
+    """Make an Ed25519 key pair for `compile --sign` and `run/bench --require-signature`."""
+    from .signing import fingerprint, generate_keypair, load_public_key
+
+    private_path, public_path = generate_keypair(output)
+    click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (public: give it "
+               f"to whoever loads your artifacts), key {fingerprint(load_public_key(public_path))}")
 
 
 @cli.command("targets")

@@ -59,6 +59,12 @@ class StageInputError(EdgecError):
     exit_code = 10
 
 
+class OutputFileError(EdgecError):
+    """An output file could not be written: no space left, read-only or forbidden folder."""
+
+    exit_code = 12
+
+
 def describe(exc: BaseException, limit: int = 300) -> str:
     """The message of a foreign exception as one line, without the C++ backtrace TVM prepends."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]

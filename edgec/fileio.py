@@ -2,33 +2,86 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import InputFileError, StageInputError
+from .errors import InputFileError, OutputFileError, StageInputError
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
-def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[Path], None], mode: int | None = None) -> Path:
     """Call ``write(tmp_path)`` and rename the temporary file onto ``path`` only if it succeeds.
 
-    The temporary file lives in the destination folder, so the rename is atomic; on any error it is
-    removed and ``path`` is left as it was.
+    The temporary file lives in the destination folder, so the rename is atomic; it is flushed to
+    disk before the rename, so a crash never leaves a renamed but empty file. On any error it is
+    removed and ``path`` is left as it was; a full disk or an unwritable folder raises
+    OutputFileError naming the path. A process killed mid-write (SIGKILL cannot be caught) leaves
+    its temporary file behind: the next write to the same path removes it. The file gets ``mode``,
+    by default what ``open`` would give it (0666 less the umask; the temporary file starts 0600).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise _output_error(path, exc) from exc
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
+        with open(tmp_path, "rb+") as handle:
+            os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), _default_mode() if mode is None else mode)
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as exc:
         tmp_path.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE + _NOT_WRITABLE:
+            raise _output_error(path, exc) from exc
         raise
     return path
+
+
+def _default_mode() -> int:
+    umask = os.umask(0o022)  # reading the umask means setting it; put it straight back
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _output_error(path: Path, exc: OSError) -> OutputFileError:
+    reason = exc.strerror or str(exc)
+    if exc.errno in _NO_SPACE:
+        return OutputFileError(f"cannot write '{path}': {reason}; free space in '{path.parent}' "
+                               f"(nothing was written) and rerun")
+    return OutputFileError(f"cannot write '{path}': {reason}; pick a writable folder for it")
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Remove temporary files of ``path`` left by writers that were killed (their process is gone)."""
+    prefix = f".{path.name}."
+    for entry in path.parent.iterdir():
+        name = entry.name
+        if not (name.startswith(prefix) and name.endswith(".tmp")):
+            continue
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            entry.unlink(missing_ok=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def write_bytes(path: str | Path, data: bytes) -> Path:

@@ -111,12 +111,64 @@ def _identifier(name: str) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in name) or "input"
 
 
+def _check_dataflow(graph: onnx.GraphProto, name: str) -> None:
+    """Name a missing tensor or a cycle in the top-level graph more plainly than onnx's checker.
+
+    A node input must be a graph input, an initializer or an output of an earlier node. One that
+    nothing produces is usually a missing initializer; one produced only by a later node means the
+    nodes are out of order or form a cycle, told apart by a topological sort.
+    """
+    available = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {""}
+    available |= {t.values.name for t in graph.sparse_initializer}
+    produced_by = {out: node for node in graph.node for out in node.output if out}
+    late = []
+    for node in graph.node:
+        for tensor in node.input:
+            if tensor in available:
+                continue
+            if tensor not in produced_by:
+                raise ModelError(
+                    f"model '{name}': node '{node.name or node.op_type}' ({node.op_type}) reads "
+                    f"'{tensor}', which no graph input, initializer or node provides (a missing "
+                    f"initializer?); re-export the model with it"
+                )
+            late.append(node)
+        available.update(out for out in node.output if out)
+    if not late:
+        return
+    # Kahn's algorithm: the nodes left over all lie on or behind a cycle.
+    waiting = {id(node): {t for t in node.input if t in produced_by} for node in graph.node}
+    ready = [node for node in graph.node if not waiting[id(node)]]
+    done: set[int] = set()
+    while ready:
+        node = ready.pop()
+        done.add(id(node))
+        outputs = set(node.output)
+        for other in graph.node:
+            if id(other) not in done and waiting[id(other)] & outputs:
+                waiting[id(other)] -= outputs
+                if not waiting[id(other)]:
+                    ready.append(other)
+    stuck = [node.name or node.op_type for node in graph.node if id(node) not in done]
+    if stuck:
+        raise ModelError(
+            f"model '{name}' has a cycle: nodes {', '.join(stuck[:6])}{' …' if len(stuck) > 6 else ''} "
+            f"wait on each other's outputs; an ONNX graph must be acyclic, fix the exporter"
+        )
+    node = late[0]
+    raise ModelError(
+        f"model '{name}': node '{node.name or node.op_type}' comes before the node producing its "
+        f"input; ONNX needs nodes in topological order (onnx.utils or re-export can sort them)"
+    )
+
+
 def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> Model:
     """Check and normalize an in-memory ONNX model; the caller's proto is not changed."""
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     sha256 = hashlib.sha256(proto.SerializeToString()).hexdigest()
     if not proto.graph.node:
         raise ModelError(f"model '{name}' has no nodes; export a model with at least one operator")
+    _check_dataflow(proto.graph, name)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:

@@ -124,10 +124,15 @@ def _node_times(model: Model, samples: list[Sample]) -> dict[str, dict[str, Any]
     }
 
 
-def _range_of(values: np.ndarray) -> dict[str, float]:
-    flat = np.abs(values.astype(np.float64, copy=False)).ravel()
+def _range_of(values: np.ndarray) -> dict[str, float] | None:
+    """The range of the finite values (NaN/Inf from NaN/Inf inputs say nothing about scale);
+    None when there is none."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return None
+    flat = np.abs(finite.astype(np.float64, copy=False))
     return {
-        "min": float(values.min()), "max": float(values.max()),
+        "min": float(finite.min()), "max": float(finite.max()),
         "absmax_p999": float(np.percentile(flat, 99.9)),
     }
 
@@ -210,10 +215,10 @@ def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observa
             raise ModelError(f"onnxruntime failed on sample '{sample.name}': {describe(exc)}") from None
         observed.shape_times[key].append(float(np.median(times)))
         for name, value in values.items():
-            if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.size:
+            found = _range_of(value) if isinstance(value, np.ndarray) and value.dtype.kind == "f" else None
+            if found is not None:
                 range_counts[name] += 1
-                observed.ranges[name] = _merge_range(
-                    observed.ranges.get(name), _range_of(value), range_counts[name])
+                observed.ranges[name] = _merge_range(observed.ranges.get(name), found, range_counts[name])
         for name, node in nodes.items():
             if node.op_type == "If":
                 cond = values.get(node.input[0])

@@ -6,6 +6,7 @@ A target is data. The code for a *kind* of target (an LLVM CPU, CUDA) lives in
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,15 +54,28 @@ def _require(doc: dict, key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _check_keys(doc: dict, known: set[str], where: str, table: str) -> None:
+    """Refuse keys not in ``known``, suggesting the closest known one (a typo is the usual cause)."""
+    unknown = sorted(set(doc) - known)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        hints.append(f"'{table}{key}'" + (f" (did you mean '{table}{close[0]}'?)" if close else ""))
+    raise TargetError(
+        f"target file '{where}' has unknown key(s) {', '.join(hints)}; "
+        f"known keys: {', '.join(table + k for k in sorted(known))}"
+    )
+
+
 def parse_target(doc: dict[str, Any], where: str) -> Target:
     """Build a :class:`Target` from a parsed TOML document, naming the field that is wrong."""
     known = {"name", "description", "kind", "arch", "cpu_features", "tvm", "build", "run", "libraries"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise TargetError(
-            f"target file '{where}' has unknown key(s) {', '.join(unknown)}; "
-            f"known keys: {', '.join(sorted(known))}"
-        )
+    _check_keys(doc, known, where, "")
+    if isinstance(doc.get("build"), dict):
+        # A misspelt cross_compiler would silently build for the host instead.
+        _check_keys(doc["build"], {"cross_compiler"}, where, "build.")
     kind = _require(doc, "kind", str, where)
     if kind not in KNOWN_KINDS:
         raise TargetError(f"target file '{where}': kind '{kind}' unknown; known: {', '.join(KNOWN_KINDS)}")

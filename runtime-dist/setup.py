@@ -1,7 +1,8 @@
 """Build the ``edgec-runtime`` wheel: edgec's runtime package and TVM's runtime, no compiler.
 
 At build time this copies, from the checkout around this folder, ``edgec/__init__.py``,
-``edgec/errors.py`` and the ``edgec/runtime`` package (Python modules and the C++ header, sources
+``edgec/errors.py``, ``edgec/signing.py`` (signature checks; needs the ``signing`` extra) and the
+``edgec/runtime`` package (Python modules and the C++ header, sources
 and Makefile) into ``build/src``, and ``libtvm_runtime.so`` with ``libtvm_runtime_extra.so``
 (sort/top-k and random kernels) into ``edgec/runtime/lib/``, where the loader looks first. The
 libraries come from the apache-tvm wheel pinned in ``pyproject.toml``'s build requirements (found
@@ -73,7 +74,7 @@ def _stage() -> str:
     runtime = STAGE / "edgec" / "runtime"
     (runtime / "cpp").mkdir(parents=True)
     (runtime / "lib").mkdir()
-    for name in ("__init__.py", "errors.py"):
+    for name in ("__init__.py", "errors.py", "signing.py"):
         shutil.copy2(PACKAGE / name, STAGE / "edgec" / name)
     for path in (PACKAGE / "runtime").glob("*.py"):
         shutil.copy2(path, runtime / path.name)

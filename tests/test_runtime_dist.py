@@ -124,7 +124,9 @@ def test_wheel_holds_the_runtime_and_libtvm_runtime_only(wheel):
     assert not [n for n in names if "libtvm_compiler" in n or n.startswith("edgec/compiler")]
     requires = sorted(line.split(": ", 1)[1] for line in metadata.splitlines()
                       if line.startswith("Requires-Dist: "))
-    assert requires == ["apache-tvm-ffi==0.1.14.post1", "numpy<3,>=2.0"]
+    assert requires == ["apache-tvm-ffi==0.1.14.post1", 'cryptography==50.0.2; extra == "signing"',
+                        "numpy<3,>=2.0"]
+    assert "edgec/signing.py" in names  # signature checks, with the optional 'signing' extra
 
 
 def test_fresh_env_runs_an_artifact_like_this_env(device_env, tmp_path):

@@ -11,6 +11,7 @@ build neither fuses nor schedules.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -56,6 +57,12 @@ class LLVMCodegen:
         ``libdnnl.so.2`` on the device, which ``native_dependencies`` records.
         """
         tvm_target = self.tvm_target(target)
+        # Checked first: linking is the last step, after minutes of compiling.
+        if target.cross_compiler and shutil.which(target.cross_compiler) is None:
+            raise ToolchainError(
+                f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
+                f"installed; install it ({_debian_cross_package(target.cross_compiler)})"
+            )
         mod = _fusable(mod)
         addons: list[native.NativeAddon] = []
         if target.libraries.get("dnnl", False):
@@ -81,11 +88,6 @@ class LLVMCodegen:
             raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
         export_kwargs = {}
         if target.cross_compiler:
-            if shutil.which(target.cross_compiler) is None:
-                raise ToolchainError(
-                    f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
-                    f"installed; install it (Debian: apt-get install g++-aarch64-linux-gnu)"
-                )
             export_kwargs["fcompile"] = tvm.support.cc.cross_compiler(target.cross_compiler)
         if addons:
             # addons, not options: options land before the objects and the linker drops them.
@@ -98,6 +100,15 @@ class LLVMCodegen:
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
             dependencies = [lib for addon in addons for lib in addon.runtime_libraries]
             return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies)
+
+
+def _debian_cross_package(compiler: str) -> str:
+    """How to install a GNU cross compiler on Debian, from its name (``<triple>-g++`` is in
+    package ``g++-<triple>``)."""
+    match = re.fullmatch(r"(?:.*/)?([a-z0-9_]+-[a-z0-9_-]+?)-(g\+\+|gcc)(?:-\d+)?", compiler)
+    if not match:
+        return "from your toolchain vendor, or set build.cross_compiler to one on PATH"
+    return f"Debian: apt-get install {match.group(2)}-{match.group(1)}"
 
 
 def _fusable(mod: tvm.IRModule) -> tvm.IRModule:

@@ -48,6 +48,13 @@ dnnl::stream& Stream() {
   return stream;
 }
 
+bool Empty(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return true;
+  }
+  return false;
+}
+
 void CheckTensor(const DLTensor* t, const char* what) {
   if (t->device.device_type != kDLCPU) {
     TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not on the CPU";
@@ -55,7 +62,9 @@ void CheckTensor(const DLTensor* t, const char* what) {
   if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
     TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not float32";
   }
-  if (t->strides != nullptr) {
+  // An empty tensor holds no data: whatever strides it reports (numpy's for a 0-sized batch are
+  // not the compact ones) are never used.
+  if (t->strides != nullptr && !Empty(t)) {
     int64_t expected = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
       if (t->shape[i] != 1 && t->strides[i] != expected) {
@@ -64,13 +73,6 @@ void CheckTensor(const DLTensor* t, const char* what) {
       expected *= t->shape[i];
     }
   }
-}
-
-bool Empty(const DLTensor* t) {
-  for (int i = 0; i < t->ndim; ++i) {
-    if (t->shape[i] == 0) return true;
-  }
-  return false;
 }
 
 float* Data(const DLTensor* t) {

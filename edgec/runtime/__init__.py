@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ArtifactError, SamplesError, ToolchainError, describe
+from ..errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
 from .artifact import Artifact
 from .signature import TensorSpec, bind_inputs
 
@@ -226,20 +226,31 @@ def select_target(manifest: dict[str, Any], target: str | None, where: str) -> s
     )
 
 
-def load(path: str | Path, target: str | None = None, threads: int | None = None) -> Model:
+def load(path: str | Path, target: str | None = None, threads: int | None = None,
+         require_signature: Any = None) -> Model:
     """Verify and load an artifact; pick the library for this host unless ``target`` names one.
 
-    Every check (format version, member paths, checksums) runs before native code is loaded.
+    Every check (format version, member paths, checksums and, when ``require_signature`` names a
+    public key (a file, PEM or raw bytes), the artifact's Ed25519 signature by that key) runs
+    before native code is loaded.
     ``threads`` sets the VM's thread pool (default: every core available to the process) and only
     takes effect for the first model loaded in a process.
     """
     artifact = Artifact.load(path)
+    if require_signature is not None:
+        from ..signing import verify_artifact  # imports cryptography, needed only here
+
+        verify_artifact(artifact, require_signature, str(path))
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
     tvm_ffi = _ensure_runtime(threads or _default_threads())
     with tempfile.TemporaryDirectory(prefix="edgec-") as tmp:
         lib_path = Path(tmp) / "model.so"  # not the manifest's name: it must not steer the path
-        lib_path.write_bytes(artifact.library(chosen))
+        try:
+            lib_path.write_bytes(artifact.library(chosen))
+        except OSError as exc:  # a full or read-only temporary folder
+            raise OutputFileError(f"cannot unpack the '{chosen}' library of '{path}' into '{tmp}': "
+                                  f"{exc.strerror}; free space there or point TMPDIR elsewhere") from None
         try:
             module = tvm_ffi.load_module(str(lib_path))
         except Exception as exc:  # the loader reports dlopen failures with its own types

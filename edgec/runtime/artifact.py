@@ -5,6 +5,7 @@ Layout (format version 1; the full spec, which both readers follow, is ``docs/ar
     manifest.json          format_version, model, inputs, outputs, plan, quantization,
                            libraries {target: {file, sha256, bytes, arch, kind, functions}}, versions
     lib/<target>.so        a TVM VM executable exported as a shared library
+    manifest.sig           optional: an Ed25519 signature over manifest.json (edgec/signing.py)
 
 Reading checks the format version, that every member name stays inside the archive and is a plain
 file, and every library's sha256, before anything is handed to native code.
@@ -17,7 +18,7 @@ import io
 import json
 import stat
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +26,7 @@ from ..errors import ArtifactError, InputFileError, describe
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.sig"
 _REQUIRED_KEYS = ("format_version", "model", "inputs", "outputs", "libraries")
 
 
@@ -38,6 +40,13 @@ class Artifact:
 
     manifest: dict[str, Any]
     files: dict[str, bytes]
+    # The SIGNATURE_NAME member, if signed; and the manifest's bytes as read, which it signs.
+    signature: bytes | None = None
+    stored_manifest: bytes = field(default=b"", compare=False, repr=False)
+
+    def manifest_bytes(self) -> bytes:
+        """The manifest as :meth:`to_bytes` stores it (what a signature made now covers)."""
+        return json.dumps(self.manifest, indent=1).encode()
 
     def library(self, target: str) -> bytes:
         return self.files[self.manifest["libraries"][target]["file"]]
@@ -46,7 +55,9 @@ class Artifact:
         """Serialize deterministically: members sorted, fixed timestamps."""
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            members = {MANIFEST_NAME: json.dumps(self.manifest, indent=1).encode(), **self.files}
+            members = {MANIFEST_NAME: self.manifest_bytes(), **self.files}
+            if self.signature is not None:
+                members[SIGNATURE_NAME] = self.signature
             for name in sorted(members):
                 info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
                 info.compress_type = zipfile.ZIP_DEFLATED
@@ -71,12 +82,14 @@ class Artifact:
             if MANIFEST_NAME not in names:
                 raise ArtifactError(f"'{where}' has no {MANIFEST_NAME}; it is not an edgec artifact")
             try:
-                manifest = json.loads(archive.read(MANIFEST_NAME))
-                files = {n: archive.read(n) for n in sorted(names - {MANIFEST_NAME})}
+                stored_manifest = archive.read(MANIFEST_NAME)
+                manifest = json.loads(stored_manifest)
+                signature = archive.read(SIGNATURE_NAME) if SIGNATURE_NAME in names else None
+                files = {n: archive.read(n) for n in sorted(names - {MANIFEST_NAME, SIGNATURE_NAME})}
             except Exception as exc:  # as above: any failure to parse means a corrupt file
                 raise ArtifactError(f"'{where}' is corrupt ({describe(exc)}); rebuild it") from None
         check_manifest(manifest, files, where)
-        return cls(manifest, files)
+        return cls(manifest, files, signature, stored_manifest)
 
     def save(self, path: str | Path) -> Path:
         from ..fileio import write_bytes  # the writer side only; the loader needs no file writes
@@ -116,6 +129,12 @@ def check_manifest(manifest: Any, files: dict[str, bytes], where: str) -> None:
         )
     if version < 1:
         raise ArtifactError(f"'{where}' has an invalid format_version {version}; rebuild it")
+    if not isinstance(manifest["model"], dict):
+        raise ArtifactError(f"'{where}' has an invalid model entry in its manifest; rebuild it")
+    for kind in ("inputs", "outputs"):
+        specs = manifest[kind]
+        if not isinstance(specs, list) or not all(_valid_spec(spec) for spec in specs):
+            raise ArtifactError(f"'{where}' has invalid {kind} in its manifest; rebuild it")
     libraries = manifest["libraries"]
     if not isinstance(libraries, dict) or not libraries:
         raise ArtifactError(f"'{where}' lists no libraries; rebuild it")
@@ -133,3 +152,17 @@ def check_manifest(manifest: Any, files: dict[str, bytes], where: str) -> None:
     unlisted = sorted(set(files) - listed)
     if unlisted:
         raise ArtifactError(f"'{where}' holds members the manifest does not list: {', '.join(unlisted)}")
+
+
+def _valid_spec(spec: Any) -> bool:
+    """A tensor spec the runtime can check inputs against: name, dtype name, dims, bounds."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return False
+    dims = spec.get("dims")
+    if not isinstance(spec.get("dtype"), str) or not isinstance(dims, list):
+        return False
+    if not all((isinstance(d, int) and not isinstance(d, bool) and d >= 0) or isinstance(d, str) for d in dims):
+        return False
+    bounds = spec.get("bounds")
+    return bounds is None or (isinstance(bounds, list) and len(bounds) == 2
+                              and all(isinstance(b, int) and not isinstance(b, bool) for b in bounds))

@@ -37,6 +37,8 @@ namespace ffi = tvm::ffi;
 namespace {
 
 constexpr const char* kManifestName = "manifest.json";
+// An Ed25519 signature over the manifest (edgec/signing.py); this host does not verify it.
+constexpr const char* kSignatureName = "manifest.sig";
 constexpr int kPooledAllocator = 2;
 const char* const kRequiredKeys[] = {"format_version", "model", "inputs", "outputs", "libraries"};
 
@@ -956,7 +958,7 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
   }
   std::vector<std::string> unlisted;
   for (const auto& kv : index) {  // sorted, as Python's sorted()
-    if (!listed.count(kv.first)) unlisted.push_back(kv.first);
+    if (!listed.count(kv.first) && kv.first != kSignatureName) unlisted.push_back(kv.first);
   }
   if (!unlisted.empty()) {
     throw Error(ErrorKind::kArtifact,
