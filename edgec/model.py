@@ -171,8 +171,8 @@ def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> M
     _check_dataflow(proto.graph, name)
     try:
         onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid graph"
+    except Exception as exc:  # ValidationError, and e.g. UnicodeDecodeError for a name that is not UTF-8
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"model '{name}' is not a valid ONNX model: {first}") from None
     proto = _normalize(proto)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)

@@ -118,9 +118,9 @@ def sign_artifact(artifact: "Artifact", private_key: Any) -> "Artifact":
 
 def verify_artifact(artifact: "Artifact", public_key: Any, where: str) -> None:
     """Raise ArtifactError unless ``artifact`` carries a valid signature by ``public_key``."""
+    key = load_public_key(public_key)  # first: it names the package when cryptography is missing
     from cryptography.exceptions import InvalidSignature
 
-    key = load_public_key(public_key)
     if artifact.signature is None:
         raise ArtifactError(f"'{where}' is not signed, and a signature by key {fingerprint(key)} is "
                             f"required; rebuild it with `edgec compile --sign KEY`")

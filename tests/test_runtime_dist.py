@@ -171,6 +171,35 @@ def test_fresh_env_runs_an_artifact_like_this_env(device_env, tmp_path):
     assert figures["cold_load_ms"] < 5000, figures
 
 
+def test_signatures_on_a_device_without_and_with_the_signing_extra(device_env, wheel, mlp_artifact, tmp_path):
+    """Without the 'signing' extra, requiring a signature names the extra to install (unsigned
+    loads never need it); after installing cryptography, the same load checks the signature."""
+    from edgec.signing import generate_keypair, load_private_key, sign_artifact
+    from edgec.runtime.artifact import Artifact
+
+    private, public = generate_keypair(tmp_path / "key")
+    signed = sign_artifact(Artifact.load(mlp_artifact), load_private_key(private)).save(tmp_path / "s.edgec")
+    script = ("import sys, edgec.runtime as rt\n"
+              "try:\n    rt.load(sys.argv[1], require_signature=sys.argv[2]); print('verified')\n"
+              "except Exception as exc:\n    print(type(exc).__name__, exc)\n")
+    python = str(device_env / "bin" / "python")
+
+    def probe() -> str:
+        result = subprocess.run([python, "-c", script, str(signed), str(public)], capture_output=True,
+                                text=True, env=_device_environ(), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.strip()
+
+    has_crypto = subprocess.run([python, "-c", "import cryptography"], capture_output=True).returncode == 0
+    if not has_crypto:
+        assert probe().startswith("ToolchainError") and "edgec-runtime[signing]" in probe()
+        result = subprocess.run([python, "-m", "pip", "install", "--quiet", "cryptography==50.0.2"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot install cryptography here: {result.stderr[-300:]}")
+    assert probe() == "verified"
+
+
 @pytest.mark.skipif(bool(missing_tools("g++", "make")), reason="needs g++ and make")
 def test_cpp_host_builds_against_the_runtime_wheel(device_env, tmp_path):
     """The C++ embedding needs nothing from the compiler either: the Makefile finds the wheel's
