@@ -105,19 +105,20 @@ def _note_reference_error(prof) -> None:
 @cli.command("plan")
 @_model_arg
 @click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
 @_out_opt("Where to write the plan (JSON).")
-def plan_cmd(model: Path, profile_path: Path, target: str, policy: str, max_specializations: int,
-             min_share: float, output: Path) -> None:
+def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
+             max_specializations: int, min_share: float, output: Path) -> None:
     """Decide which shapes run specialized and which stay symbolic."""
     from .model import load_model
     from .plan import PlanSettings, plan
     from .profile import Profile
-    from .targets import load_target
 
     settings = PlanSettings(policy, max_specializations, min_share)
-    result = plan(load_model(model), Profile.load(profile_path), load_target(target), settings)
+    the_target = _targets_or_default((target,) if target else ())[0][0]
+    result = plan(load_model(model), Profile.load(profile_path), the_target, settings)
     result.save(output)
     for region in result.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
