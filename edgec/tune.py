@@ -7,8 +7,9 @@ schedules of exactly those kernels (the module ``LLVMCodegen.prepare`` produces,
 fused as ``cpu_pipeline`` does) and appends every measured record to
 ``autotune/<target>/tuning_records.jsonl``; ``edgec build`` applies the best record per kernel.
 
-The database file is JSON lines, each line self-contained: ``{"workload": [key, module]}`` or
-``{"key": key, "record": record}``, where ``key`` is the kernel's structural hash. No line refers
+The database file is JSON lines, each line self-contained: ``{"workload": [key, *workload]}``
+(MetaSchedule's JSON of the kernel) or ``{"key": key, "record": record}`` (its JSON of a measured
+schedule), where ``key`` is the kernel's structural hash. No line refers
 to another by position, so writers never need to agree on numbering:
 
 - appends hold an exclusive ``fcntl.flock`` on the file, so concurrent tuners serialize and lose
@@ -90,22 +91,22 @@ class TuningDatabase(ms.database.PyDatabase):
             for raw in handle:
                 try:
                     doc = json.loads(raw)
-                except (json.JSONDecodeError, UnicodeDecodeError):  # a line torn by a kill
+                    if "workload" in doc:
+                        key = doc["workload"][0]
+                        if key not in self._workloads:
+                            workload = ms.database.Workload.from_json(doc["workload"][1:])
+                            self._workloads[key] = self.memory.commit_workload(workload.mod)
+                    else:
+                        pending.append((doc["key"], doc["record"]))
+                except Exception:  # noqa: BLE001 - a line torn by a kill, or not ours: skip it
                     self.skipped_lines += 1
-                    continue
-                if "workload" in doc:
-                    key = doc["workload"][0]
-                    if key not in self._workloads:
-                        workload = ms.database.Workload.from_json(doc["workload"][1:])
-                        self._workloads[key] = self.memory.commit_workload(workload.mod)
-                else:
-                    pending.append((doc["key"], doc["record"]))
         for key, record in pending:
             workload = self._workloads.get(key)
-            if workload is None:  # its workload line was torn: the record cannot be placed
+            try:
+                self.memory.commit_tuning_record(
+                    ms.database.TuningRecord.from_json(record, workload))
+            except Exception:  # noqa: BLE001 - its workload line was lost, or it is malformed
                 self.skipped_lines += 1
-                continue
-            self.memory.commit_tuning_record(ms.database.TuningRecord.from_json(record, workload))
 
     def _append(self, docs: list[dict[str, Any]]) -> None:
         data = "".join(json.dumps(doc, separators=(",", ":")) + "\n" for doc in docs).encode()

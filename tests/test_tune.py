@@ -165,3 +165,47 @@ def test_no_database_is_none_and_tune_requires_num_cores(tmp_path, monkeypatch):
         k: v for k, v in target.tvm.items() if k != "num-cores"}})
     with pytest.raises(tune_lib.StageInputError, match="num-cores"):
         tune_lib.tune(None, no_cores, trials=4)
+
+
+def _kernel(n: int):
+    """A small elementwise kernel as MetaSchedule sees one: an IRModule with "main"."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((n, 16), name="a")
+    b = te.compute((n, 16), lambda i, j: a[i, j] * 2.0, name="b")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def _record(database, mod, seconds: float):
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = database.commit_workload(mod)
+    sch = tvm.s_tir.Schedule(mod)
+    sch.vectorize(sch.get_loops(sch.get_sblock("b"))[-1])  # a record needs a schedule step
+    trace = sch.trace
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 1})
+    database.commit_tuning_record(ms.database.TuningRecord(trace, workload, [seconds], target))
+
+
+def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
+    """Two writers on one file (as two tune processes), then a torn last line: a reader gets
+    every whole record, and the next append cuts the torn line off first."""
+    path = tmp_path / "db" / tune_lib.RECORDS_FILE
+    first, second = tune_lib.TuningDatabase(path), tune_lib.TuningDatabase(path)
+    _record(first, _kernel(8), 0.003)
+    _record(second, _kernel(8), 0.001)   # the same kernel, committed by the other writer
+    _record(second, _kernel(32), 0.002)
+    _record(first, _kernel(8), 0.002)
+    with open(path, "ab") as handle:
+        handle.write(b'{"key": "1", "record": [[[0, "Ge')  # killed mid-line
+    reader = tune_lib.TuningDatabase(path)
+    assert len(reader) == 4 and reader.skipped_lines == 1
+    assert reader.records_for(_kernel(8)) == 3
+    best = reader.get_top_k(reader.commit_workload(_kernel(8)), 1)[0]
+    assert float(best.run_secs[0]) == pytest.approx(0.001)
+    _record(reader, _kernel(32), 0.001)
+    lines = path.read_bytes().splitlines()
+    assert all(json.loads(line) for line in lines)  # the torn line is gone
+    assert len(tune_lib.TuningDatabase(path)) == 5
