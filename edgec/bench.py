@@ -215,6 +215,18 @@ def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings:
     return per_shape, outputs
 
 
+def time_calls(call: Callable, model: Model, samples: list[Sample], settings: BenchSettings,
+               name: str) -> tuple[dict[str, float], list[dict[str, np.ndarray]]]:
+    """One system alone, with this module's timer: its latency stats over every measured call, and
+    its outputs per sample. For comparisons that run each system in a process of its own."""
+    settings.check()
+    shapes = [_shape_key(sample_dims(model, s)) for s in samples]
+    progress = _Progress(len(samples), name)
+    per_shape, outputs = _measure(call, samples, shapes, settings, progress, name)
+    progress.close()
+    return latency_stats([t for ts in per_shape.values() for t in ts]), outputs
+
+
 BASELINES = ("onnxruntime", "onnxruntime-1t", "tvm-plain")
 
 

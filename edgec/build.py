@@ -30,11 +30,12 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     return functions
 
 
-def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
+def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given") -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
     One VM program per target holds the shape-specialized functions, the dispatch in ``main``
-    that picks one or falls back to the symbolic function, and the weights.
+    that picks one or falls back to the symbolic function, and the weights. ``targets_chosen``
+    says in the manifest how the targets were picked ("given", or why edgec picked them).
     """
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
@@ -57,6 +58,7 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
             "kind": target.kind, "device": codegen.device,
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
+            "tuning": library.tuning,
         }
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -67,6 +69,7 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
         "plan": plan.summary(),
         "quantization": {"mode": "none"},
         "libraries": libraries,
+        "targets_chosen": targets_chosen,
         "versions": tool_versions(),
     }
     return Artifact(manifest, files)

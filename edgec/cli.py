@@ -126,28 +126,42 @@ def _note_reference_error(prof) -> None:
 @cli.command("plan")
 @_model_arg
 @click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
 @_out_opt("Where to write the plan (JSON).")
-def plan_cmd(model: Path, profile_path: Path, target: str, policy: str, max_specializations: int,
-             min_share: float, output: Path) -> None:
+def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
+             max_specializations: int, min_share: float, output: Path) -> None:
     """Decide which shapes run specialized and which stay symbolic."""
     from .model import load_model
     from .plan import PlanSettings, plan
     from .profile import Profile
-    from .targets import load_target
 
     settings = PlanSettings(policy, max_specializations, min_share)
-    result = plan(load_model(model), Profile.load(profile_path), load_target(target), settings)
+    the_target = _targets_or_default((target,) if target else ())[0][0]
+    result = plan(load_model(model), Profile.load(profile_path), the_target, settings)
     result.save(output)
     for region in result.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
 
 
+def _targets_or_default(names: tuple[str, ...]):
+    """The targets named, or the best one this machine runs; and how they were chosen."""
+    from .targets import default_target, load_target
+
+    if names:
+        return [load_target(t) for t in names], "given"
+    target = default_target()
+    click.echo(f"target: {target.name} (default: the target with the most CPU features this "
+               f"machine has)", err=True)
+    return [target], f"default: {target.name}, the target with the most CPU features the build machine has"
+
+
 @cli.command("build")
 @_model_arg
 @click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
-@click.option("--target", "targets", required=True, multiple=True, help="Repeat for several targets.")
+@click.option("--target", "targets", multiple=True,
+              help="Repeat for several targets (default: the best target this machine runs).")
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: Path | None,
@@ -156,10 +170,10 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: 
     from .build import build
     from .model import load_model
     from .plan import Plan
-    from .targets import load_target
 
     sign = _signer(sign_key)
-    artifact = build(load_model(model), Plan.load(plan_path), [load_target(t) for t in targets])
+    target_list, chosen = _targets_or_default(targets)
+    artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen)
     sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
@@ -167,7 +181,8 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: 
 @cli.command("compile")
 @_model_arg
 @_samples_opt
-@click.option("--target", "targets", required=True, multiple=True, help="Repeat for several targets.")
+@click.option("--target", "targets", multiple=True,
+              help="Repeat for several targets (default: the best target this machine runs).")
 @_plan_opts
 @click.option("--save-stages", type=click.Path(path_type=Path), default=None,
               help="Also write profile.json and plan.json into this folder.")
@@ -182,17 +197,16 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     from .plan import PlanSettings, plan
     from .profile import profile
     from .samples import load_samples
-    from .targets import load_target
 
     sign = _signer(sign_key)
     loaded = load_model(model)
-    target_list = [load_target(t) for t in targets]
+    target_list, chosen = _targets_or_default(targets)
     settings = PlanSettings(policy, max_specializations, min_share)
     settings.check()
     prof = profile(loaded, load_samples(samples_path, loaded))
     _note_reference_error(prof)
     the_plan = plan(loaded, prof, target_list[0], settings)
-    artifact = build(loaded, the_plan, target_list)
+    artifact = build(loaded, the_plan, target_list, targets_chosen=chosen)
     if save_stages is not None:
         prof.save(save_stages / "profile.json")
         the_plan.save(save_stages / "plan.json")
@@ -200,6 +214,27 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     for region in the_plan.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
+
+
+@cli.command("tune")
+@_model_arg
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
+@click.option("--trials", default=64, show_default=True, type=int,
+              help="Measured schedules wanted for MODEL's kernels in the database, in total: "
+                   "rerunning after a kill spends only the missing ones.")
+@click.option("--samples", "samples_path", default=None, type=click.Path(path_type=Path),
+              help="Sample inputs of a dynamic model: the shapes the plan specializes are tuned.")
+@click.option("--seed", default=0, show_default=True, type=int)
+def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None, seed: int) -> None:
+    """Tune the kernels TVM generates for MODEL into the target's database (autotune/<target>/)."""
+    from .tune import tune_model
+
+    the_target = _targets_or_default((target,) if target else ())[0][0]
+    summary = tune_model(model, the_target, trials, samples_path=samples_path, seed=seed)
+    click.echo(f"{summary.tasks} kernels to tune, {summary.trials_before} trials already in "
+               f"{summary.database}, {summary.trials_run} run now; the database holds "
+               f"{summary.records_after} records")
 
 
 @cli.command("run")
@@ -340,10 +375,18 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
     for target, lib in manifest["libraries"].items():
         click.echo(f"  library {target} ({lib['arch']}, {lib['device']}): {lib['file']}, "
                    f"{lib['bytes']} bytes, sha256 {lib['sha256'][:16]}…")
+        tuning = lib.get("tuning") or {}
+        if tuning.get("database"):
+            click.echo(f"    tuning database {tuning['database']} ({tuning['records']} records): "
+                       f"{tuning['tuned_kernels']} of {tuning['kernels']} TVM kernels tuned")
+        elif tuning:
+            click.echo(f"    no tuning database: {tuning['kernels']} TVM kernels with default schedules")
         for func in lib["functions"]:
             dims = ", ".join(f"{k}={v}" for k, v in func.get("dims", {}).items())
             share = f", {func['share']:.0%} of profiled samples" if "share" in func else ""
             click.echo(f"    {func['name']:10s} {func['kind']}" + (f" [{dims}{share}]" if dims else ""))
+    if "targets_chosen" in manifest:
+        click.echo(f"  targets: {manifest['targets_chosen']}")
     versions = manifest.get("versions", {})
     click.echo(f"  built with edgec {versions.get('edgec')}, TVM {versions.get('tvm')}")
 

@@ -123,3 +123,20 @@ def load_target(name_or_path: str | Path, directory: Path = TARGETS_DIR) -> Targ
     if path.parent == directory and target.name != path.stem:
         raise TargetError(f"target file '{path}' names itself '{target.name}'; make name match the file")
     return target
+
+
+def default_target(directory: Path = TARGETS_DIR) -> Target:
+    """The target to compile for when none is given: the best one this machine runs.
+
+    Same rule as the runtime's choice of library (``edgec.runtime.best_for_host``): this CPU's
+    architecture, no CPU feature it lacks, the most features.
+    """
+    from .runtime import best_for_host, host_arch  # the runtime owns the rule
+
+    targets = {t.name: {**t.to_json(), "device": "cpu"} for t in list_targets(directory)
+               if t.run.get("mode", "local") == "local"}
+    name = best_for_host(targets)
+    if name is None:
+        raise TargetError(f"no target in '{directory}' runs on this machine ({host_arch()}); "
+                          f"pass --target (see `edgec targets`)")
+    return load_target(name, directory)

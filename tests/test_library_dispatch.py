@@ -4,7 +4,11 @@ models against onnxruntime (skipped when oneDNN's development files are not inst
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -177,15 +181,15 @@ def test_blocked_layout_keeps_activations_blocked_between_library_calls():
     assert _ops(out).count("R.layout_transform") <= 2
 
 
-def test_grouped_conv_becomes_dense_only_for_8_channel_blocks():
+def test_grouped_conv_stays_grouped_for_the_shim_to_decide():
     mod = import_onnx(from_proto(cnn_model(), "cnn"))
-    for block, grouped in ((8, 0), (16, 1)):
+    for block in (8, 16):
         out, _ = dispatch_with_stats(mod, DispatchRules(block=block))
         # The group-4 conv's groups argument: the 9th integer of its call.
         calls = re.findall(r'"edgec_dnnl_conv2d", \((?:[^,]+, ){3}((?:-?\d+, ){9})',
                            out.script(show_meta=False))
         groups = [int(c.split(", ")[8]) for c in calls]
-        assert groups.count(4) == grouped, (block, groups)
+        assert groups.count(4) == 1, (block, groups)
 
 
 def test_rewrite_reaches_specializations_fallback_and_if_branches():
@@ -260,3 +264,29 @@ def test_compiled_dynamic_matmul_matches_onnxruntime(monkeypatch, tmp_path):
         x = rng.standard_normal((*shape, 32)).astype(np.float32)
         got = model.run({"x": x})["y"]
         np.testing.assert_allclose(got, _reference(proto, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_grouped_conv_runs_ungrouped_where_onednn_has_no_direct_kernel(monkeypatch, tmp_path):
+    """With oneDNN held to AVX2 (as on an AVX2 machine), the group-4 conv whose groups are not
+    whole 8-channel blocks has only a GEMM-based kernel: the shim runs it ungrouped, with zero
+    weights between groups, and the outputs still match onnxruntime."""
+    proto = cnn_model()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    _compile(proto, "cnn", [Sample("s0", {"x": x})], monkeypatch, 8, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    script = ("import sys, numpy as np, edgec.runtime as r; "
+              "m = r.load(sys.argv[1]); "
+              "np.save(sys.argv[3], m.run({'x': np.load(sys.argv[2])})['y'])")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ONEDNN_VERBOSE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cnn.edgec"),
+                             str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    convs = [line for line in result.stdout.splitlines() if ",exec,cpu,convolution," in line]
+    assert convs and not any(",g4mb" in line for line in convs)  # ungrouped: no g4 primitive
+    assert not any("gemm" in line for line in convs)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(proto, {"x": x}),
+                               rtol=1e-4, atol=1e-4)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
+import tvm_ffi
 from tvm import relax, topi
 from tvm.s_tir import dlight
 from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -36,6 +37,17 @@ class CompiledLibrary:
 
     data: bytes
     native_dependencies: list[str] = field(default_factory=list)
+    # Which tuning database was applied and how many of TVM's kernels took schedules from it.
+    tuning: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreparedModule:
+    """A module whose heavy ops call native libraries, and what linking it needs."""
+
+    mod: tvm.IRModule
+    addons: list  # native.NativeAddon: objects to link and the libraries they need at run time
+    parallel: bool  # whether TVM's own kernels may use TVM's thread pool
 
 
 class LLVMCodegen:
@@ -49,20 +61,14 @@ class LLVMCodegen:
         except Exception as exc:  # TVM validates target attributes with its own error types
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
-    def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
-        """Compile ``mod`` for ``target`` and link it into one shared library.
+    def prepare(self, mod: tvm.IRModule, target: Target) -> PreparedModule:
+        """``mod`` with library calls in place, before TVM legalizes and schedules the rest.
 
         With ``[libraries] dnnl = true`` in the target file, convolutions and matmuls go to
         oneDNN through edgec's shim, linked into the library; the library then needs
-        ``libdnnl.so.2`` on the device, which ``native_dependencies`` records.
+        ``libdnnl.so.2`` on the device, which ``native_dependencies`` records. ``edgec tune``
+        starts from this module too, so it tunes exactly the kernels TVM still generates.
         """
-        tvm_target = self.tvm_target(target)
-        # Checked first: linking is the last step, after minutes of compiling.
-        if target.cross_compiler and shutil.which(target.cross_compiler) is None:
-            raise ToolchainError(
-                f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
-                f"installed; install it ({_debian_cross_package(target.cross_compiler)})"
-            )
         mod = _fusable(mod)
         addons: list[native.NativeAddon] = []
         if target.libraries.get("dnnl", False):
@@ -79,13 +85,37 @@ class LLVMCodegen:
         mod, kernels = runtime_kernels.redirect(mod)
         if kernels:
             addons.append(native.runtime_kernels(target.cross_compiler or "g++"))
+        # oneDNN's OpenMP threads own the cores between its calls: TVM kernels that also
+        # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
+        return PreparedModule(mod, addons, parallel=not uses_dnnl)
+
+    def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
+        """Compile ``mod`` for ``target`` and link it into one shared library.
+
+        Kernels that the target's tuning database (``edgec tune``) has records for take their
+        tuned schedules; the others get ``cpu_pipeline``'s simple ones.
+        """
+        tvm_target = self.tvm_target(target)
+        # Checked first: linking is the last step, after minutes of compiling.
+        if target.cross_compiler and shutil.which(target.cross_compiler) is None:
+            raise ToolchainError(
+                f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
+                f"installed; install it ({_debian_cross_package(target.cross_compiler)})"
+            )
+        prepared = self.prepare(mod, target)
+        addons = prepared.addons
+        database = tuning_database(target)
+        applied = _AppliedCount()
         try:
-            # oneDNN's OpenMP threads own the cores between its calls: TVM kernels that also
-            # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
-            pipeline = cpu_pipeline(tvm_target, parallel=not uses_dnnl)
-            executable = tvm.compile(mod, tvm_target, relax_pipeline=pipeline)
+            pipeline = cpu_pipeline(tvm_target, parallel=prepared.parallel,
+                                    database=database, applied=applied)
+            executable = tvm.compile(prepared.mod, tvm_target, relax_pipeline=pipeline)
         except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
             raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
+        tuning = {"database": None, "records": 0, "kernels": applied.kernels, "tuned_kernels": 0}
+        if database is not None:
+            tuning.update(database=database.location, records=len(database),
+                          tuned_kernels=applied.tuned)
         export_kwargs = {}
         if target.cross_compiler:
             export_kwargs["fcompile"] = tvm.support.cc.cross_compiler(target.cross_compiler)
@@ -99,7 +129,8 @@ class LLVMCodegen:
             except Exception as exc:  # the linker's failure surfaces as a RuntimeError
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
             dependencies = [lib for addon in addons for lib in addon.runtime_libraries]
-            return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies)
+            return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies,
+                                   tuning=tuning)
 
 
 def _debian_cross_package(compiler: str) -> str:
@@ -138,25 +169,63 @@ def dnnl_rules(target: Target) -> DispatchRules:
     return DispatchRules(block=16 if "+avx512f" in mattr else 8)
 
 
-def cpu_pipeline(target: tvm.target.Target, parallel: bool = True) -> tvm.transform.Pass:
-    """TVM's CPU pipeline, with simple schedules applied to the kernels TVM generates.
+def fusion_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """TVM's CPU passes up to legalized, fused kernels: what MetaSchedule's tasks are cut from."""
+    backend = relax.backend.cpu_generic.pipeline
+    return [_FAST_ERF] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
+
+
+@dataclass
+class _AppliedCount:
+    """How many kernels TVM generated, and how many of them took a tuned schedule."""
+
+    kernels: int = 0
+    tuned: int = 0
+
+
+def cpu_pipeline(target: tvm.target.Target, parallel: bool = True, database=None,
+                 applied: _AppliedCount | None = None) -> tvm.transform.Pass:
+    """TVM's CPU pipeline, with tuned or simple schedules applied to the kernels TVM generates.
 
     TVM's default CPU build schedules nothing: every kernel is one thread of naive loops. After
-    legalization and fusion, kernels with one block (elementwise, layout changes,
-    concatenations, pooling) are vectorized, and with ``parallel`` spread over TVM's thread pool;
-    the rest stay as TVM writes them.
+    legalization and fusion, kernels ``database`` (a MetaSchedule database, see ``edgec.tune``)
+    has records for take the best one; of the rest, kernels with one block (elementwise, layout
+    changes, concatenations, pooling) are vectorized, and with ``parallel`` spread over TVM's
+    thread pool; the rest stay as TVM writes them. ``applied`` receives the counts.
     """
     backend = relax.backend.cpu_generic.pipeline
-    passes = [_FAST_ERF] + backend.library_dispatch_passes(target) + backend.legalize_passes(target)
-    passes.append(dlight.ApplyDefaultSchedule(_SimpleKernel(parallel)))
-    passes += backend.dataflow_lower_passes(target) + backend.finalize_passes(target)
+    before = fusion_passes(target)
+    after = ([dlight.ApplyDefaultSchedule(_SimpleKernel(parallel))]
+             + backend.dataflow_lower_passes(target) + backend.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="EdgecCPUPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with target:
-            return tvm.transform.Sequential(passes)(mod)
+            mod = tvm.transform.Sequential(before)(mod)
+            kernels = _prim_funcs(mod)
+            if database is not None:
+                with database:
+                    mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+            if applied is not None:
+                tuned = _prim_funcs(mod)
+                applied.kernels = len(kernels)
+                applied.tuned = sum(not tvm_ffi.structural_equal(func, tuned[name])
+                                    for name, func in kernels.items() if name in tuned)
+            return tvm.transform.Sequential(after)(mod)
 
     return _pipeline
+
+
+def _prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
+    return {gvar.name_hint: func for gvar, func in mod.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def tuning_database(target: Target):
+    """The target's tuning database (``autotune/<target>/``), or None when it has no records."""
+    from .. import tune  # tune builds on this module: imported here, not at the top
+
+    return tune.open_database(target, must_exist=False)
 
 
 @tvm.transform.module_pass(opt_level=0, name="EdgecFastErf")

@@ -71,15 +71,15 @@ class DispatchRules:
     NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
     divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,
     channel concat, spatial mean) do; 0 keeps every tensor NCHW.
-    ``max_dense_groups``: with 8-channel blocks, a grouped convolution whose groups are not whole
-    blocks runs as an ungrouped one (zero weights between groups) if it has at most this many.
+    Grouped convolutions stay grouped here: whether one runs ungrouped (zero weights between
+    groups) is the shim's decision on the machine that runs it (AVX2 machines lack a direct kernel
+    for groups that are not whole blocks; AVX-512 ones have one).
     """
 
     conv2d: bool = True
     dense: bool = True
     dense_min_weight: int = 0
     block: int = 16
-    max_dense_groups: int = 8
 
 
 @dataclass
@@ -545,17 +545,6 @@ def _epilogue(analysis: _Analysis, head: relax.Var, channels: int, rank: int, ax
         return ep
 
 
-def _dense_groups(weight: np.ndarray, groups: int) -> np.ndarray:
-    """A grouped convolution's OIHW weight as the block-diagonal weight of an ungrouped one."""
-    out_channels, group_in = weight.shape[:2]
-    group_out = out_channels // groups
-    dense = np.zeros((out_channels, group_in * groups, *weight.shape[2:]), weight.dtype)
-    for g in range(groups):
-        rows = slice(g * group_out, (g + 1) * group_out)
-        dense[rows, g * group_in:(g + 1) * group_in] = weight[rows]
-    return dense
-
-
 def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
                 taken: set[relax.Var], stats: DispatchStats) -> _Group | None:
     call = binding.value
@@ -572,12 +561,6 @@ def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
     weight_folded = (w * ep.scale.reshape(-1, 1, 1, 1)).astype(np.float32)
     bias = ep.shift.astype(np.float32)
     groups = int(attrs.groups)
-    group_in, group_out = w.shape[1], out_channels // groups
-    if (rules.block == 8 and 1 < groups <= rules.max_dense_groups
-            and (group_in % 8 or group_out % 8)):
-        # oneDNN's AVX2 kernels take groups of whole 8-channel blocks; others run a slow
-        # GEMM-based convolution, slower than the ungrouped one with zero blocks (measured).
-        weight_folded, groups = _dense_groups(weight_folded, groups), 1
     weight_id = _weight_id(weight_folded)
     ints = [*attrs.strides, *attrs.padding, *attrs.dilation, groups,
             FLAG_RELU if ep.relu else 0, weight_id]

@@ -111,6 +111,11 @@ def _ensure_runtime(threads: int) -> Any:
     global _runtime_loaded
     # The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
     os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    # Libraries with oneDNN run its kernels on OpenMP threads (read when libgomp loads, with the
+    # model library). Spinning OpenMP threads between kernels made a small CNN 550x slower (72 ms
+    # against 0.13 ms) while other processes kept the 2 cores busy: they sleep instead.
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     tvm_ffi = _import_tvm_ffi()
 
     if not _runtime_loaded:
@@ -198,8 +203,25 @@ def _missing_features(entry: dict[str, Any]) -> list[str]:
     return [feature for feature in needed if feature not in have]
 
 
+def best_for_host(entries: Mapping[str, dict[str, Any]]) -> str | None:
+    """Of ``entries`` (name -> {"arch", "cpu_features", "device"}), the one to run on this CPU.
+
+    It must be for this architecture, on the CPU, and need no feature this CPU lacks; of those,
+    the one using the most features wins (AVX-512 code over AVX2 code), the first on a tie. Both
+    the runtime (which library of an artifact) and the compiler (which target when none is
+    given) pick with this rule.
+    """
+    arch = host_arch()
+    runnable = [name for name, entry in entries.items()
+                if entry.get("arch") == arch and entry.get("device", "cpu") == "cpu"
+                and not _missing_features(entry)]
+    if not runnable:
+        return None
+    return max(runnable, key=lambda name: len(entries[name].get("cpu_features", [])))
+
+
 def select_target(manifest: dict[str, Any], target: str | None, where: str) -> str:
-    """The library to run: the one named, else the first built for this CPU's arch and features.
+    """The library to run: the one named, else the best this CPU runs (``best_for_host``).
 
     A library needing CPU features this machine lacks would die on an illegal instruction: it is
     refused with the features named.
@@ -216,9 +238,9 @@ def select_target(manifest: dict[str, Any], target: str | None, where: str) -> s
             )
         return target
     arch = host_arch()
-    for name, entry in libraries.items():
-        if entry.get("arch") == arch and entry.get("device", "cpu") == "cpu" and not _missing_features(entry):
-            return name
+    best = best_for_host(libraries)
+    if best is not None:
+        return best
     available = ", ".join(f"{n} ({e.get('arch')})" for n, e in libraries.items())
     raise ArtifactError(
         f"'{where}' has no library for this machine ({arch}); it has {available}; rebuild with a "
