@@ -32,7 +32,7 @@ import warnings
 from typing import Any
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from ..errors import ModelError, describe
 from ..model import Model
@@ -119,6 +119,38 @@ def _importer_class(base: type) -> type:
         def _while_loop(self, node: Any) -> relax.Expr:
             return lower_while_loop(self, node)
 
+        def _import_branch_subgraph(self, graph_module: Any, operands: list[relax.Expr],
+                                    name_hint: str) -> relax.GlobalVar:
+            """A subgraph (cond branch, loop cond or body) as a function of ``operands``' types.
+
+            TVM's version gives each dim of each operand its own fresh var, so two operands that
+            share a dim (``x`` and a value computed from it) lose the relation and an op combining
+            them gets no known shape. Here one fresh var stands for each var of the caller.
+            """
+            cache = self.__dict__.setdefault("_edgec_subgraphs", {})
+            if id(graph_module) in cache:
+                return cache[id(graph_module)]
+            name = f"{name_hint}_{len(cache)}"
+            copies: dict[tirx.Var, tirx.Var] = {}
+            placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+            saved, self.env = self.env, {}
+            try:
+                params = []
+                for node, operand in zip(placeholders, operands):
+                    param = relax.Var(node.name, _fresh_type(operand.ty, copies))
+                    params.append(param)
+                    self.env[node] = param
+                pure = not self._has_assert_async(graph_module)
+                with self.block_builder.function(name=name, params=params, pure=pure, private=True):
+                    inner = self._translate_fx_graph(graph_module, list(graph_module.graph.nodes), {})
+                    outputs = [self.block_builder.emit(value) for value in inner]
+                    self.block_builder.emit_func_output(
+                        outputs[0] if len(outputs) == 1 else relax.Tuple(outputs))
+            finally:
+                self.env = saved
+            cache[id(graph_module)] = self.block_builder.get().get_global_var(name)
+            return cache[id(graph_module)]
+
     _IMPORTER = Importer
     return Importer
 
@@ -167,6 +199,21 @@ def lower_while_loop(importer: Any, node: Any) -> relax.Expr:
     state0 = [relax.const(0, "int64"), go0] + carried0
     result = bb.emit(relax.Call(top, state0 + [relax.const(_INT64_MAX, "int64")] + extra))
     return relax.Tuple([bb.emit(relax.TupleGetItem(result, 2 + k)) for k in range(n_carried)])
+
+
+def _fresh_type(ty: relax.Type, copies: dict[tirx.Var, tirx.Var]) -> relax.Type:
+    """``ty`` for a new function's parameter: each symbolic var replaced by its copy (made on first
+    use), each other symbolic dim by a fresh var."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return ty
+    dims = []
+    for k, dim in enumerate(ty.shape.values):
+        if isinstance(dim, tirx.Var):
+            dim = copies.setdefault(dim, tirx.Var(dim.name, "int64"))
+        elif not isinstance(dim, tirx.IntImm):
+            dim = tirx.Var(f"d{k}", "int64")
+        dims.append(dim)
+    return relax.TensorType(dims, str(ty.dtype))
 
 
 def _cast_like(bb: relax.BlockBuilder, value: relax.Expr, ty: relax.TensorType) -> relax.Expr:
