@@ -161,7 +161,7 @@ def load_model(path: str | Path) -> Model:
     """
     path = Path(path)
     if not path.exists():
-        raise InputFileError(f"model file '{path}' does not exist; pass the path of an .onnx file")
+        raise InputFileError(f"model file '{path}' does not exist; pass the path of an .onnx or .pt2 file")
     if path.suffix == ".pt2" and path.is_file():
         from .torch_program import load_program  # torch is an optional extra
 

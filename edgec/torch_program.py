@@ -34,16 +34,9 @@ def _torch() -> Any:
     try:
         import torch
     except ImportError:
-        raise ModelError("PyTorch programs need torch; install the extra: pip install 'edgec[torch]'") from None
+        raise ModelError("PyTorch programs need torch; install the extra: "
+                         "pip install 'edgec[torch]'") from None
     return torch
-
-
-def is_program(value: Any) -> bool:
-    """Whether ``value`` is a ``torch.export.ExportedProgram`` (False when torch is not imported)."""
-    import sys
-
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.export.ExportedProgram)
 
 
 def higher_order_name(node: Any) -> str | None:
@@ -51,9 +44,8 @@ def higher_order_name(node: Any) -> str | None:
     if node.op != "call_function":
         return None
     name = getattr(node.target, "__name__", "")
-    if name in BRANCH_OPS + LOOP_OPS and getattr(node.target, "__module__", "") == "torch.ops.higher_order":
-        return name
-    return None
+    module = getattr(node.target, "__module__", "")
+    return name if name in BRANCH_OPS + LOOP_OPS and module == "torch.ops.higher_order" else None
 
 
 def _numpy_dtype(dtype: Any, where: str) -> str:
@@ -84,12 +76,12 @@ def _dims(value: Any, where: str) -> tuple[Dim, ...]:
 
 def _spec(node: Any, name: str, where: str) -> TensorSpec:
     torch = _torch()
-    value = node.meta.get("val")
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
     if not isinstance(value, torch.Tensor):
-        raise ModelError(f"{where} '{node.name}' is a {type(value).__name__}, not a tensor; edgec "
+        raise ModelError(f"{where} '{name}' is a {type(value).__name__}, not a tensor; edgec "
                          f"supports tensor inputs and outputs")
-    return TensorSpec(name, _numpy_dtype(value.dtype, f"{where} '{node.name}'"),
-                      _dims(value, f"{where} '{node.name}'"))
+    return TensorSpec(name, _numpy_dtype(value.dtype, f"{where} '{name}'"),
+                      _dims(value, f"{where} '{name}'"))
 
 
 def serialized(program: Any) -> bytes:
@@ -107,15 +99,16 @@ def from_program(program: Any, name: str = "model", path: str = "", sha256: str 
     """
     torch = _torch()
     if not isinstance(program, torch.export.ExportedProgram):
-        raise ModelError(f"'{name}' is a {type(program).__name__}, not a torch.export.ExportedProgram; "
-                         f"pass the result of torch.export.export")
+        raise ModelError(f"'{name}' is a {type(program).__name__}, not a "
+                         f"torch.export.ExportedProgram; pass the result of torch.export.export")
     signature = program.graph_signature
     kinds = torch.export.graph_signature
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     inputs = tuple(_spec(placeholders[spec.arg.name], spec.arg.name, "input")
                    for spec in signature.input_specs if spec.kind is kinds.InputKind.USER_INPUT)
     if not inputs:
-        raise ModelError(f"program '{name}' has no tensor inputs; edgec compiles models that take inputs")
+        raise ModelError(f"program '{name}' has no tensor inputs; edgec compiles models that "
+                         f"take inputs")
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     returned = list(output_node.args[0])
     user_outputs = [node for node, spec in zip(returned, signature.output_specs)
