@@ -217,3 +217,36 @@ def test_bad_program_files(tmp_path):
         load_model(tmp_path / "junk.pt2")
     with pytest.raises(ModelError, match="not a torch.export.ExportedProgram"):
         from_program(MLP(), "mlp")
+
+
+class CondInLoop(torch.nn.Module):
+    """Ten steps, each moving x towards zero by a branch chosen on its current sum."""
+
+    def forward(self, x):
+        def cond_fn(count, value):
+            return count < 10
+
+        def body_fn(count, value):
+            moved = torch.cond(value.sum() > 0, lambda v: v - 1.5, lambda v: v + 2.0, (value,))
+            return count + 1, moved
+
+        return while_loop(cond_fn, body_fn, (torch.zeros((), dtype=torch.int64), x))
+
+
+class LoopInCond(torch.nn.Module):
+    """Grow x by doubling until it is large, only when its mean is positive."""
+
+    def forward(self, x):
+        def grow(value):
+            return while_loop(lambda v: v.abs().sum() < 100, lambda v: (v * 2 + 0.1,), (value,))[0]
+
+        return torch.cond(x.mean() > 0, grow, lambda value: -value, (x,))
+
+
+@pytest.mark.parametrize("module", [CondInLoop, LoopInCond], ids=lambda m: m.__name__)
+def test_nested_cond_and_while_loop_match_eager(module, tmp_path):
+    program = _exported(module(), torch.randn(4, 8), batch=0)
+    samples = [_normal((4, 8), 1, shift=1.0), _normal((4, 8), 2, shift=-1.0)]
+    _, _, compiled = _compile(program, samples, tmp_path, module.__name__)
+    _check(program, compiled, [_normal((3, 8), 5, shift=1.0), _normal((6, 8), 6, shift=-1.0),
+                               _normal((2, 8), 7)])

@@ -160,15 +160,20 @@ def lower_while_loop(importer: Any, node: Any) -> relax.Expr:
     carried values as a tuple (the node's ``getitem`` users index it)."""
     bb: relax.BlockBuilder = importer.block_builder
     cond_graph, body_graph = importer.env[node.args[0]], importer.env[node.args[1]]
-    carried0 = [shaped(bb, importer.env[arg], "v") for arg in node.args[2]]
-    extra = [shaped(bb, importer.env[arg], "c") for arg in node.args[3]]
-    if len(node.args) > 4 or node.kwargs:
+    if len(node.args) != 4 or node.kwargs:
         raise ModelError(f"while_loop node '{node.name}': unexpected arguments; edgec takes "
                          f"while_loop(cond_fn, body_fn, carried_inputs, additional_inputs)")
-    for value in carried0 + extra:
-        if not isinstance(value.ty, relax.TensorType):
-            raise ModelError(f"while_loop node '{node.name}': a carried or additional value is a "
-                             f"{type(value.ty).__name__}; edgec lowers loops over tensors only")
+
+    def tensor(arg: Any, hint: str) -> relax.Expr:
+        value = importer.env.get(arg) if hasattr(arg, "op") else arg
+        if not isinstance(value, relax.Expr) or not isinstance(bb.normalize(value).ty,
+                                                               relax.TensorType):
+            raise ModelError(f"while_loop node '{node.name}': the carried or additional value "
+                             f"{arg} is not a tensor; edgec lowers loops over tensors only")
+        return shaped(bb, value, hint)
+
+    carried0 = [tensor(arg, "v") for arg in node.args[2]]
+    extra = [tensor(arg, "c") for arg in node.args[3]]
     name = f"while_{node.name}"
     cond_gv = importer._import_branch_subgraph(cond_graph, carried0 + extra, f"{name}_cond")
     body_gv = importer._import_branch_subgraph(body_graph, carried0 + extra, f"{name}_body")
