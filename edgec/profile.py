@@ -144,11 +144,12 @@ def _merge_range(old: dict[str, float] | None, new: dict[str, float], count: int
 
 
 def profile(model: Model, samples: list[Sample]) -> Profile:
-    """Run ``model`` on ``samples`` with onnxruntime and return what was observed.
+    """Run ``model`` on ``samples`` with its reference (onnxruntime, or torch for a PyTorch
+    program) and return what was observed.
 
     Samples must already be checked against the model (``load_samples`` does it); raises
     ``SamplesError`` when there are none. Shapes come from the samples themselves. When
-    onnxruntime cannot run the model, the rest (branches, trips, times, ranges) stays empty and
+    the reference cannot run the model, the rest (branches, trips, times, ranges) stays empty and
     ``reference_error`` says why: edgec may compile what onnxruntime cannot run.
     """
     if not samples:
