@@ -250,3 +250,33 @@ def test_nested_cond_and_while_loop_match_eager(module, tmp_path):
     _, _, compiled = _compile(program, samples, tmp_path, module.__name__)
     _check(program, compiled, [_normal((3, 8), 5, shift=1.0), _normal((6, 8), 6, shift=-1.0),
                                _normal((2, 8), 7)])
+
+
+class Masked(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        return self.layer(x) * mask.unsqueeze(-1), x.sum(-1)
+
+
+def test_inputs_sharing_a_dynamic_dim_and_several_outputs(tmp_path):
+    batch = Dim("batch", min=1, max=128)
+    program = export(Masked().eval(), (torch.randn(4, 8), torch.ones(4)),
+                     dynamic_shapes=({0: batch}, {0: batch}))
+    model = from_program(program, "masked")
+    (dim,) = model.dynamic_dims
+    assert [(s.name, s.dims) for s in model.inputs] == [("x", (dim, 8)), ("mask", (dim,))]
+    assert [(s.name, s.dims) for s in model.outputs] == [("output_0", (dim, 8)), ("output_1", (dim,))]
+    rng = np.random.default_rng(0)
+    sample = {"x": _normal((4, 8), 1), "mask": np.ones(4, np.float32)}
+    target = load_target("x86_64")
+    artifact = build(model, plan(model, profile(model, [Sample("s", sample)]), target), [target])
+    compiled = runtime.load(artifact.save(tmp_path / "masked.edgec"))
+    x, mask = _normal((6, 8), 2), (rng.random(6) > 0.5).astype(np.float32)
+    got = compiled.run({"x": x, "mask": mask})
+    with torch.no_grad():
+        expected = program.module()(torch.from_numpy(x), torch.from_numpy(mask))
+    for value, reference in zip(got.values(), expected):
+        np.testing.assert_allclose(value, reference.numpy(), rtol=1e-4, atol=1e-5)
