@@ -30,6 +30,15 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     return functions
 
 
+def _import(model: Model) -> Any:
+    """The model as a Relax module, through the frontend of its kind."""
+    if model.kind == "torch":
+        from .compiler.torch_frontend import import_torch  # torch is an optional extra
+
+        return import_torch(model)
+    return import_onnx(model)
+
+
 def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given") -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
@@ -43,7 +52,7 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     if len(plan.regions) != 1:
         raise EdgecError(f"this edgec builds plans of one region; the plan has {len(plan.regions)}")
     specializations = [s["dims"] for s in plan.regions[0].specializations]
-    mod = add_shape_dispatch(import_onnx(model), specializations)
+    mod = add_shape_dispatch(_import(model), specializations)
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}

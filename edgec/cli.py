@@ -67,7 +67,8 @@ def _signer(sign_key: Path | None):
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
 @click.version_option(package_name="edgec", prog_name="edgec")
 def cli(debug: bool) -> None:
-    """Profile, split, compile and benchmark dynamic ONNX models for edge devices."""
+    """Profile, split, compile and benchmark dynamic ONNX models (or torch.export .pt2 programs)
+    for edge devices."""
     global _debug
     _debug = _debug or debug
 
@@ -119,7 +120,7 @@ def profile_cmd(model: Path, samples_path: Path, output: Path) -> None:
 
 def _note_reference_error(prof) -> None:
     if prof.reference_error:
-        click.echo(f"note: shapes only, onnxruntime could not run the model: {prof.reference_error}",
+        click.echo(f"note: shapes only, the reference could not run the model: {prof.reference_error}",
                    err=True)
 
 

@@ -2,7 +2,8 @@
 
 A :class:`Model` wraps a checked, normalized ``onnx.ModelProto``: every node has a unique name, every
 dim of a graph input or output is either a number or a named symbol, and initializers are not
-listed as inputs. Stages never change it; they derive new protos from copies.
+listed as inputs. Stages never change it; they derive new protos from copies. A PyTorch program
+(``torch.export``) is a Model too, with ``program`` set and no proto (see edgec.torch_program).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -25,7 +27,7 @@ CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 class Model:
     """A loaded ONNX model with its inputs, outputs and identity."""
 
-    proto: onnx.ModelProto
+    proto: onnx.ModelProto | None
     name: str
     sha256: str
     inputs: tuple[TensorSpec, ...]
@@ -33,6 +35,20 @@ class Model:
     opset: int
     control_flow: tuple[tuple[str, str], ...] = field(default=())
     path: str = ""
+    # The torch.export.ExportedProgram of a PyTorch program (then ``proto`` is None).
+    program: Any = None
+
+    @property
+    def kind(self) -> str:
+        """``onnx`` or ``torch``: which frontend and which reference the model goes through."""
+        return "onnx" if self.program is None else "torch"
+
+    @property
+    def node_names(self) -> list[str]:
+        """The names of the top-level nodes (graph nodes; for a torch program, its op calls)."""
+        if self.program is not None:
+            return [n.name for n in self.program.graph.nodes if n.op == "call_function"]
+        return [n.name for n in self.proto.graph.node]
 
     @property
     def dynamic_dims(self) -> list[str]:
@@ -192,11 +208,16 @@ def load_model(path: str | Path) -> Model:
     """Load an ONNX model file, with one-line errors for a missing, unreadable or invalid model.
 
     External data next to the model is loaded too. The model's name is its file's stem, or the
-    folder's name for the zoo's ``DIR/model.onnx`` layout.
+    folder's name for the zoo's ``DIR/model.onnx`` layout. A ``.pt2`` file (``torch.export.save``)
+    loads as a PyTorch program.
     """
     path = Path(path)
     if not path.exists():
-        raise InputFileError(f"model file '{path}' does not exist; pass the path of an .onnx file")
+        raise InputFileError(f"model file '{path}' does not exist; pass the path of an .onnx or .pt2 file")
+    if path.suffix == ".pt2" and path.is_file():
+        from .torch_program import load_program  # torch is an optional extra
+
+        return load_program(path)
     if path.is_dir():
         if (path / "model.onnx").is_file():
             path = path / "model.onnx"

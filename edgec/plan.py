@@ -131,7 +131,7 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     """Decide how to compile ``model`` for ``target`` from what ``prof`` observed."""
     settings.check()
     check_matches(model, prof.model_sha256, "profile")
-    nodes = [n.name for n in model.proto.graph.node]
+    nodes = model.node_names
     dynamic_nodes = [name for name, _ in model.control_flow]
     distribution = prof.shape_distribution()
     reference = {tuple(sorted(s["dims"].items())): s["reference_ms"] for s in prof.shapes}

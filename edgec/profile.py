@@ -3,7 +3,8 @@
 Recorded per model: the values each symbolic input dim takes and the input shapes seen, the branch
 taken by each top-level ``If``, the trip count of each top-level ``Loop`` and ``Scan``, the time of
 each node (onnxruntime's profiler, graph unoptimized so nodes keep their names), the reference
-latency per shape, and the range of every float activation.
+latency per shape, and the range of every float activation. The reference that runs the model is
+onnxruntime for ONNX models and torch itself (eager) for PyTorch programs; ``_PROBES`` picks it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -25,7 +26,7 @@ from .fileio import load_json_value, save_json_value
 from .model import Model, expose_activations
 from .runtime.signature import TensorSpec
 from .provenance import tool_versions
-from .reference import reference_session
+from .reference import reference_for, reference_session
 from .samples import Sample, sample_dims
 
 PROFILE_VERSION = 1
@@ -148,11 +149,12 @@ def _merge_range(old: dict[str, float] | None, new: dict[str, float], count: int
 
 
 def profile(model: Model, samples: list[Sample]) -> Profile:
-    """Run ``model`` on ``samples`` with onnxruntime and return what was observed.
+    """Run ``model`` on ``samples`` with its reference (onnxruntime, or torch for a PyTorch
+    program) and return what was observed.
 
     Samples must already be checked against the model (``load_samples`` does it); raises
     ``SamplesError`` when there are none. Shapes come from the samples themselves. When
-    onnxruntime cannot run the model, the rest (branches, trips, times, ranges) stays empty and
+    the reference cannot run the model, the rest (branches, trips, times, ranges) stays empty and
     ``reference_error`` says why: edgec may compile what onnxruntime cannot run.
     """
     if not samples:
@@ -194,13 +196,62 @@ class _Observations:
     ranges: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
-def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observations:
-    """Reference latency per shape, control-flow statistics, node times and activation ranges."""
-    reference = reference_session(model.proto)
+@dataclass
+class _Probe:
+    """How to observe one kind of model: its reference executor (``run``/``timed_run``), an
+    instrumented run returning every activation by name and, per top-level control-flow node, the
+    branch taken (a bool: the then/true branch) or the trip count (an int), and node timing."""
+
+    reference: Any
+    instrumented_run: Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, Any]]]
+    node_times: Callable[[list[Sample]], dict[str, dict[str, Any]]]
+
+
+def _onnx_probe(model: Model) -> _Probe:
+    """onnxruntime on the model, and on a copy exposing activations and Loop trip counts."""
     instrumented_proto, trips = _instrumented(model)
     instrumented = reference_session(instrumented_proto, optimize=False)
     nodes = {n.name: n for n in model.proto.graph.node}
     initializers = {i.name: i for i in model.proto.graph.initializer}
+
+    def instrumented_run(arrays: dict[str, np.ndarray]) -> tuple[dict, dict]:
+        values = {**arrays, **instrumented.run(arrays)}
+        events: dict[str, Any] = {}
+        for name, node in nodes.items():
+            if node.op_type == "If":
+                cond = values.get(node.input[0])
+                if cond is None:
+                    cond = numpy_helper.to_array(initializers[node.input[0]])
+                events[name] = bool(np.asarray(cond).reshape(-1)[0])
+            elif node.op_type == "Loop":
+                events[name] = int(np.asarray(values[trips[name]]).shape[0])
+            elif node.op_type == "Scan":
+                events[name] = _scan_trips(node, values)
+        return values, events
+
+    return _Probe(reference_for(model), instrumented_run, lambda samples: _node_times(model, samples))
+
+
+def _torch_probe(model: Model) -> _Probe:
+    """The torch program run eagerly; activations, branches, trips and times from an fx interpreter."""
+    reference = reference_for(model)
+
+    def instrumented_run(arrays: dict[str, np.ndarray]) -> tuple[dict, dict]:
+        values, events = reference.instrumented_run(arrays)
+        return {**arrays, **values}, events
+
+    return _Probe(reference, instrumented_run, reference.node_times)
+
+
+_PROBES = {"onnx": _onnx_probe, "torch": _torch_probe}
+# Control-flow ops whose observation is a branch taken; the others' is a trip count.
+_BRANCH_OPS = ("If", "cond")
+
+
+def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observations:
+    """Reference latency per shape, control-flow statistics, node times and activation ranges."""
+    probe = _PROBES[model.kind](model)
+    reference = probe.reference
     observed = _Observations(shape_times=defaultdict(list))
     trip_counts: dict[str, Counter] = defaultdict(Counter)
     branch_counts: dict[str, Counter] = defaultdict(Counter)
@@ -210,41 +261,37 @@ def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observa
         try:
             reference.run(sample.arrays)  # warm-up: first runs allocate
             times = [reference.timed_run(sample.arrays)[1] for _ in range(_TIMING_RUNS)]
-            values = {**sample.arrays, **instrumented.run(sample.arrays)}
-        except Exception as exc:  # onnxruntime's own error types
-            raise ModelError(f"onnxruntime failed on sample '{sample.name}': {describe(exc)}") from None
+            values, events = probe.instrumented_run(sample.arrays)
+        except ModelError:
+            raise
+        except Exception as exc:  # the reference's own error types
+            raise ModelError(f"{reference.name} failed on sample '{sample.name}': {describe(exc)}") from None
         observed.shape_times[key].append(float(np.median(times)))
         for name, value in values.items():
             found = _range_of(value) if isinstance(value, np.ndarray) and value.dtype.kind == "f" else None
             if found is not None:
                 range_counts[name] += 1
                 observed.ranges[name] = _merge_range(observed.ranges.get(name), found, range_counts[name])
-        for name, node in nodes.items():
-            if node.op_type == "If":
-                cond = values.get(node.input[0])
-                if cond is None:
-                    cond = numpy_helper.to_array(initializers[node.input[0]])
-                taken = bool(np.asarray(cond).reshape(-1)[0])
-                branch_counts[name]["then" if taken else "else"] += 1
-            elif node.op_type == "Loop":
-                trip_counts[name][int(np.asarray(values[trips[name]]).shape[0])] += 1
-            elif node.op_type == "Scan":
-                trip_counts[name][_scan_trips(node, values)] += 1
+        for name, event in events.items():
+            if isinstance(event, bool):
+                branch_counts[name]["then" if event else "else"] += 1
+            else:
+                trip_counts[name][event] += 1
 
-    for name, node in nodes.items():
-        if node.op_type == "If":
+    for name, op in model.control_flow:
+        if op in _BRANCH_OPS:
             observed.control_flow[name] = {
-                "op": "If", "branches": {b: branch_counts[name][b] for b in ("then", "else")}}
-        elif node.op_type in ("Loop", "Scan"):
+                "op": op, "branches": {b: branch_counts[name][b] for b in ("then", "else")}}
+        elif trip_counts[name]:
             counts = trip_counts[name]
             seen = sorted(counts.elements())
             observed.control_flow[name] = {
-                "op": node.op_type,
+                "op": op,
                 "trips": {str(k): counts[k] for k in sorted(counts)},
                 "trip_min": seen[0], "trip_max": seen[-1],
                 "trip_mean": round(float(np.mean(seen)), 3),
             }
-    observed.nodes = _node_times(model, samples)
+    observed.nodes = probe.node_times(samples)
     return observed
 
 

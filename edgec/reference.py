@@ -1,9 +1,13 @@
-"""ONNX Runtime as the reference executor: outputs to compare against and the latency to beat."""
+"""The reference executor: outputs to compare against and the latency to beat.
+
+ONNX Runtime for ONNX models; torch itself, eagerly, for PyTorch programs (see ``reference_for``).
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -18,6 +22,7 @@ class ReferenceSession:
 
     session: ort.InferenceSession
     output_names: list[str]
+    name = "onnxruntime"
 
     def run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self.session.run(self.output_names, arrays)
@@ -59,3 +64,13 @@ def reference_session(
     except Exception as exc:  # onnxruntime raises its own exception types per failure
         raise ModelError(f"onnxruntime cannot load the model: {describe(exc)}") from None
     return ReferenceSession(session, [o.name for o in session.get_outputs()])
+
+
+def reference_for(model: Any, threads: int = 2) -> Any:
+    """The reference executor of ``model``: an onnxruntime session for an ONNX model, the program
+    run eagerly by torch for a PyTorch program. Both have ``name``, ``run`` and ``timed_run``."""
+    if model.kind == "torch":
+        from .torch_program import TorchReference  # torch is an optional extra
+
+        return TorchReference(model)
+    return reference_session(model.proto, threads=threads)

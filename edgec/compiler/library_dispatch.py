@@ -192,7 +192,8 @@ class _Analysis:
         if self.uses.get(var, 0) != 1 or len(consumers) != 1:
             return None
         consumer = self.bindings[consumers[0]]
-        return consumer if consumer.block == self.bindings[var].block else None
+        home = self.bindings.get(var)  # None for a function parameter: it is in no block
+        return consumer if home is not None and consumer.block == home.block else None
 
 
 def _direct_vars(expr: relax.Expr) -> list[relax.Var]:
