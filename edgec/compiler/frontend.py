@@ -16,6 +16,7 @@ from ..errors import ModelError, describe
 from ..model import Model
 from .converters import CONVERTERS
 from .converters.control_flow import LAZY_IF
+from .expand import expand_functions
 from .fold import fix_inputs, fold_constants
 
 _tvm_convert_map = onnx_frontend._get_convert_map
@@ -44,7 +45,9 @@ def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None)
     them; the runtime checks they match). What is known at compile time is folded first
     (``fold.py``). Raises ModelError naming the unsupported operators.
     """
-    proto = fold_constants(fix_inputs(model.proto, dict(constants or {})))
+    known = set(convert_map()) | {"If", "Constant"}
+    proto = fix_inputs(model.proto, dict(constants or {}))
+    proto = fold_constants(expand_functions(proto, known.__contains__))
     unsupported = unsupported_ops(proto)
     if unsupported:
         raise ModelError(
