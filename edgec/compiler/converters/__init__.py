@@ -8,7 +8,7 @@ of an import.
 
 from __future__ import annotations
 
-from . import shapes
+from . import ops, shapes
 from .control_flow import LAZY_IF, LazyIf, Loop, Scan
 
 CONVERTERS: dict[str, type] = {}
@@ -17,3 +17,5 @@ CONVERTERS["Scan"] = Scan
 CONVERTERS[LAZY_IF] = LazyIf
 CONVERTERS["Shape"] = shapes.Shape
 CONVERTERS["Size"] = shapes.Size
+CONVERTERS["CumProd"] = ops.CumProd
+CONVERTERS["LpNormalization"] = ops.LpNormalization
