@@ -192,6 +192,8 @@ class _Analysis:
         if self.uses.get(var, 0) != 1 or len(consumers) != 1:
             return None
         consumer = self.bindings[consumers[0]]
+        if var not in self.bindings:  # a function parameter: bound by no block
+            return None
         return consumer if consumer.block == self.bindings[var].block else None
 
 
