@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .compiler.codegen import codegen_for
@@ -12,6 +13,7 @@ from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
 from .runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
+from .runtime.signature import TensorSpec
 from .targets import Target
 
 
@@ -30,13 +32,26 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     return functions
 
 
-def _import(model: Model) -> Any:
-    """The model as a Relax module, through the frontend of its kind."""
+def _import(model: Model, constants: dict[str, Any]) -> Any:
+    """The model as a Relax module, through the frontend of its kind; ``constants`` are the inputs
+    the plan fixed (found by the ONNX profile only)."""
     if model.kind == "torch":
         from .compiler.torch_frontend import import_torch  # torch is an optional extra
 
         return import_torch(model)
-    return import_onnx(model)
+    return import_onnx(model, constants)
+
+
+def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
+    """The model's inputs, those the plan fixed carrying the value they are compiled for."""
+    specs = []
+    for spec in model.inputs:
+        fixed = plan.constant_inputs.get(spec.name)
+        if fixed is not None:
+            spec = dataclasses.replace(spec, fixed_shape=tuple(fixed["shape"]),
+                                       fixed_value=tuple(fixed["value"]))
+        specs.append(spec)
+    return specs
 
 
 def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given") -> Artifact:
@@ -52,7 +67,9 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     if len(plan.regions) != 1:
         raise EdgecError(f"this edgec builds plans of one region; the plan has {len(plan.regions)}")
     specializations = [s["dims"] for s in plan.regions[0].specializations]
-    mod = add_shape_dispatch(_import(model), specializations)
+    inputs = fixed_inputs(model, plan)
+    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
+    mod = add_shape_dispatch(_import(model, constants), specializations)
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
@@ -73,7 +90,7 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         "format_version": FORMAT_VERSION,
         "model": {"name": model.name, "sha256": model.sha256, "opset": model.opset,
                   "source": model.path},
-        "inputs": [s.to_json() for s in model.inputs],
+        "inputs": [s.to_json() for s in inputs],
         "outputs": [s.to_json() for s in model.outputs],
         "plan": plan.summary(),
         "quantization": {"mode": "none"},

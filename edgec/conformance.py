@@ -77,6 +77,11 @@ def _to_array(value) -> np.ndarray:
     return np.asarray(value)
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    """numpy floats and ml_dtypes' (bfloat16, float8...), compared with NaN equal to NaN."""
+    return dtype.kind in "fc" or "float" in dtype.name
+
+
 def _compare(got: list[np.ndarray], expected: list[np.ndarray], rtol: float, atol: float) -> str:
     """Empty when every output matches within the case's tolerances, else what differs."""
     if len(got) != len(expected):
@@ -84,7 +89,7 @@ def _compare(got: list[np.ndarray], expected: list[np.ndarray], rtol: float, ato
     for index, (actual, reference) in enumerate(zip(got, expected)):
         if actual.shape != reference.shape:
             return f"output {index} shape {list(actual.shape)}, expected {list(reference.shape)}"
-        if reference.dtype.kind in "fc" or actual.dtype.kind in "fc":
+        if _is_float(reference.dtype) or _is_float(actual.dtype):
             try:
                 np.testing.assert_allclose(actual.astype(np.float64), reference.astype(np.float64),
                                            rtol=rtol, atol=atol, equal_nan=True)

@@ -84,6 +84,8 @@ class Plan:
     regions: list[Region]
     coverage: float
     versions: dict[str, str] = field(default_factory=tool_versions)
+    # Shape-like inputs compiled as a fixed value: {name: {"dtype", "shape", "value", "reason"}}.
+    constant_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         payload = {
@@ -92,6 +94,7 @@ class Plan:
             "settings": vars(self.settings),
             "coverage": self.coverage,
             "regions": [r.to_json() for r in self.regions],
+            "constant_inputs": self.constant_inputs,
             "versions": self.versions,
         }
         return save_json_value(path, "plan", PLAN_VERSION, payload)
@@ -104,6 +107,7 @@ class Plan:
             target=doc["target"], settings=PlanSettings(**doc["settings"]),
             regions=[Region.from_json(r) for r in doc["regions"]],
             coverage=doc["coverage"], versions=doc["versions"],
+            constant_inputs=doc.get("constant_inputs", {}),
         )
 
     def summary(self) -> dict[str, Any]:
@@ -115,6 +119,7 @@ class Plan:
                  "specializations": [s["dims"] for s in r.specializations], "reason": r.reason}
                 for r in self.regions
             ],
+            "constant_inputs": {name: c["reason"] for name, c in self.constant_inputs.items()},
         }
 
 
@@ -139,7 +144,8 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     if not model.dynamic_dims:
         region = Region("main", nodes, "static", [], False, dynamic_nodes,
                         "every input dim is fixed: one static function")
-        return Plan(model.name, model.sha256, target.name, settings, [region], 1.0)
+        return Plan(model.name, model.sha256, target.name, settings, [region], 1.0,
+                    constant_inputs=constant_inputs(model, prof))
 
     chosen: list[dict[str, Any]] = []
     if settings.policy == "specialize-seen":
@@ -164,4 +170,21 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
         reason = f"{why}: one symbolic function over {', '.join(model.dynamic_dims)}"
         mode = "symbolic"
     region = Region("main", nodes, mode, chosen, True, dynamic_nodes, reason)
-    return Plan(model.name, model.sha256, target.name, settings, [region], coverage)
+    return Plan(model.name, model.sha256, target.name, settings, [region], coverage,
+                constant_inputs=constant_inputs(model, prof))
+
+
+def constant_inputs(model: Model, prof: Profile) -> dict[str, dict[str, Any]]:
+    """Shape-like inputs that took one value in every profiled sample: compiled as that value.
+
+    The runtime refuses another value (the fix is to recompile with samples covering it).
+    """
+    fixed: dict[str, dict[str, Any]] = {}
+    for name, seen in prof.values.items():
+        if len(seen) == 1 and seen[0]["count"] == prof.sample_count:
+            fixed[name] = {
+                "dtype": model.input(name).dtype, "shape": seen[0]["shape"],
+                "value": seen[0]["value"],
+                "reason": f"shape-like input with the same value in all {prof.sample_count} samples",
+            }
+    return fixed

@@ -3,8 +3,10 @@
 Recorded per model: the values each symbolic input dim takes and the input shapes seen, the branch
 taken by each top-level ``If``, the trip count of each top-level ``Loop`` and ``Scan``, the time of
 each node (onnxruntime's profiler, graph unoptimized so nodes keep their names), the reference
-latency per shape, and the range of every float activation. The reference that runs the model is
-onnxruntime for ONNX models and torch itself (eager) for PyTorch programs; ``_PROBES`` picks it.
+latency per shape, the range of every float activation, and the values taken by small inputs
+that a node reads as a shape-like argument (``SHAPE_ARGUMENTS``: axes, shape, sizes, k, pads...),
+so the plan can fix the ones that never change. The reference that runs the model is onnxruntime
+for ONNX models and torch itself (eager) for PyTorch programs; ``_PROBES`` picks it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,23 @@ from .samples import Sample, sample_dims
 PROFILE_VERSION = 1
 _TRIPS_SUFFIX = "__edgec_trips"
 _TIMING_RUNS = 3
+# Inputs with more elements are data, not a shape-like argument: their values are not recorded.
+MAX_RECORDED_ELEMENTS = 64
+
+_REDUCTIONS = ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+               "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+# Per op, the input positions holding a shape-like argument (axes, shape, sizes, k, pads, ...):
+# values the compiler handles best, or only, as constants.
+SHAPE_ARGUMENTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,),
+    "Unsqueeze": (1,), "TopK": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,),
+    "Split": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1, 2), "CumSum": (1,),
+    "CumProd": (1,), "Trilu": (1,), "NonMaxSuppression": (2, 3, 4), "CenterCropPad": (1,),
+    "Col2Im": (1, 2), "DFT": (1, 2), "STFT": (1, 3), "HannWindow": (0,), "HammingWindow": (0,),
+    "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4), "Dropout": (1, 2),
+    "SplitToSequence": (1,), "AffineGrid": (1,), "ReverseSequence": (1,),
+    **{op: (1,) for op in _REDUCTIONS},
+}
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,8 @@ class Profile:
     nodes: dict[str, dict[str, Any]]
     ranges: dict[str, dict[str, float]]
     reference_error: str = ""
+    # Per shape-like input: each distinct value seen, as {"shape", "value" (flat), "count"}.
+    values: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=tool_versions)
 
     def shape_distribution(self) -> list[tuple[dict[str, int], float]]:
@@ -65,7 +86,8 @@ class Profile:
             },
             "sample_count": self.sample_count, "dims": self.dims, "shapes": self.shapes,
             "control_flow": self.control_flow, "nodes": self.nodes, "ranges": self.ranges,
-            "reference_error": self.reference_error, "versions": self.versions,
+            "reference_error": self.reference_error, "values": self.values,
+            "versions": self.versions,
         }
         return save_json_value(path, "profile", PROFILE_VERSION, payload)
 
@@ -79,7 +101,8 @@ class Profile:
             outputs=[TensorSpec.from_json(s) for s in model["outputs"]],
             sample_count=doc["sample_count"], dims=doc["dims"], shapes=doc["shapes"],
             control_flow=doc["control_flow"], nodes=doc["nodes"], ranges=doc["ranges"],
-            reference_error=doc["reference_error"], versions=doc["versions"],
+            reference_error=doc["reference_error"], values=doc.get("values", {}),
+            versions=doc["versions"],
         )
 
 
@@ -183,7 +206,45 @@ def profile(model: Model, samples: list[Sample]) -> Profile:
         dims={d: dict(sorted(c.items(), key=lambda kv: int(kv[0]))) for d, c in dim_counts.items()},
         shapes=shapes, control_flow=observed.control_flow, nodes=observed.nodes,
         ranges=dict(sorted(observed.ranges.items())), reference_error=reference_error,
+        values=_input_values(model, samples),
     )
+
+
+def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
+    """Graph inputs that some node, subgraphs included, reads as a shape-like argument."""
+    inputs = {value.name for value in proto.graph.input}
+    found: set[str] = set()
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for position in SHAPE_ARGUMENTS.get(node.op_type, ()):
+                if position < len(node.input) and node.input[position] in inputs:
+                    found.add(node.input[position])
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(proto.graph)
+    return [value.name for value in proto.graph.input if value.name in found]
+
+
+def _input_values(model: Model, samples: list[Sample]) -> dict[str, list[dict[str, Any]]]:
+    """The distinct values of each small shape-like input over the samples, most frequent first."""
+    recorded: dict[str, list[dict[str, Any]]] = {}
+    for name in shape_argument_inputs(model.proto):
+        seen: Counter = Counter()
+        for sample in samples:
+            array = np.asarray(sample.arrays[name])
+            if array.size > MAX_RECORDED_ELEMENTS or array.dtype.kind not in "iufb" or (
+                    array.dtype.kind == "f" and not np.isfinite(array).all()):
+                break
+            seen[(tuple(array.shape), tuple(array.ravel().tolist()))] += 1
+        else:
+            recorded[name] = [{"shape": list(shape), "value": list(value), "count": count}
+                              for (shape, value), count in seen.most_common()]
+    return recorded
 
 
 @dataclass

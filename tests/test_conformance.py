@@ -54,3 +54,58 @@ def test_ci_subset_pass_count_does_not_drop_below_the_floor():
     failed = sorted(r.name for r in results if r.status != "pass")
     assert summary["pass"] >= floor["pass"], f"{summary['pass']} < floor {floor['pass']}; failing: {failed}"
     assert summary["control_flow"]["pass"] >= floor["control_flow_pass"]
+
+
+def test_fixed_input_other_value_is_refused_by_the_python_runtime(tmp_path):
+    from edgec import runtime
+    from edgec.build import build
+    from edgec.errors import SamplesError
+    from edgec.model import from_proto
+    from edgec.plan import plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0, name="sum")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    proto.ir_version = 8
+    model = from_proto(proto, "sum")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    arrays = {"x": x, "axes": np.array([1], np.int64)}
+    target = load_target("x86_64")
+    artifact = build(model, plan(model, profile(model, [Sample("s", arrays)]), target), [target])
+    assert artifact.manifest["inputs"][1]["fixed"] == {"shape": [1], "value": [1]}
+    loaded = runtime.load(artifact.save(tmp_path / "sum.edgec"))
+    np.testing.assert_array_equal(loaded.run(arrays)["y"], x.sum(axis=1))
+    with pytest.raises(SamplesError, match=r"input 'axes' is \[0\], the artifact was compiled for "
+                                           r"\[1\] \(its value in every profiled sample\); recompile"):
+        loaded.run({"x": x, "axes": np.array([0], np.int64)})
+
+
+def test_bfloat16_and_float8_cross_the_runtime_boundary():
+    import ml_dtypes
+
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT, name="up"),
+         helper.make_node("Cast", ["y"], ["z"], to=TensorProto.BFLOAT16, name="down")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4]),
+         helper.make_tensor_value_info("z", TensorProto.BFLOAT16, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    x = np.array([1.5, -2.0, 0.25, 3.0], dtype=ml_dtypes.bfloat16)
+    y, z = conformance.run(model, [x])
+    np.testing.assert_array_equal(y, x.astype(np.float32))
+    assert z.dtype == x.dtype and np.array_equal(z, x)
+
+
+def test_low_precision_outputs_compare_as_floats():
+    import ml_dtypes
+
+    nan = np.array([np.nan, 1.0], dtype=ml_dtypes.float8_e4m3fn)
+    assert conformance._compare([nan], [nan.copy()], 1e-3, 1e-7) == ""
+    assert "differs" in conformance._compare([nan], [np.array([np.nan, 2.0], nan.dtype)], 1e-3, 1e-7)

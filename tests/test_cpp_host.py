@@ -371,3 +371,35 @@ def test_header_agrees_with_the_python_runtime():
         assert f"{name} = {error.exit_code}" in header
     assert f"kFormatVersion = {FORMAT_VERSION};" in header
     assert f"kAlignment = {runtime.ALIGNMENT};" in header
+
+
+def reshape_model():
+    """y = Reshape(x[6], shape): ``shape`` is a graph input the plan fixes to its sampled value."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "reshape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6]),
+         helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_fixed_shape_input_is_checked_like_the_python_runtime(host, tmp_path):
+    x = np.arange(6, dtype=np.float32)
+    samples = [{"x": x, "shape": np.array([2, 3], np.int64)}] * 2
+    path = build_artifact(reshape_model(), "reshape", samples, ["x86_64"], tmp_path)
+    got = run_host(host, path, samples[0], tmp_path / "ok")
+    np.testing.assert_array_equal(got["y"], x.reshape(2, 3))
+    other = {"x": x, "shape": np.array([3, 2], np.int64)}
+    with pytest.raises(SamplesError, match=r"input 'shape' is \[3, 2\], the artifact was compiled "
+                                           r"for \[2, 3\] .*recompile with samples that cover"):
+        runtime.load(path).run(other)
+    np.savez(tmp_path / "other.npz", **other)
+    code, stderr = host_error(host, [str(path), "--inputs", str(tmp_path / "other.npz"),
+                                     "-o", str(tmp_path / "out")])
+    assert code == SamplesError.exit_code
+    assert "input 'shape' is [3, 2], the artifact was compiled for [2, 3]" in stderr
+    assert "recompile with samples that cover this value" in stderr

@@ -121,3 +121,36 @@ def test_profile_keeps_shapes_when_onnxruntime_cannot_run_the_model():
     prof = profile(from_proto(model), _samples([{"x": np.ones(3, np.float32)}]))
     assert prof.shapes[0]["dims"] == {"n": 3} and prof.shapes[0]["reference_ms"] is None
     assert "onnxruntime" in prof.reference_error and prof.nodes == {}
+
+
+def _topk_model() -> onnx.ModelProto:
+    """TopK(x[n, 8], k) with ``k`` a graph input: a shape-like argument."""
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["values", "indices"], name="topk")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["n", "kk"]),
+         helper.make_tensor_value_info("indices", TensorProto.INT64, ["n", "kk"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_profile_records_values_of_shape_like_inputs_and_the_plan_fixes_constant_ones(tmp_path):
+    from edgec.plan import plan
+    from edgec.targets import load_target
+
+    model = from_proto(_topk_model())
+    rng = np.random.default_rng(0)
+    x = [rng.standard_normal((n, 8)).astype(np.float32) for n in (2, 3, 3)]
+    same = profile(model, _samples([{"x": a, "k": np.array([3], np.int64)} for a in x]))
+    assert same.values == {"k": [{"shape": [1], "value": [3], "count": 3}]}
+    assert Profile.load(same.save(tmp_path / "p.json")).values == same.values
+    fixed = plan(model, same, load_target("x86_64")).constant_inputs
+    assert fixed["k"]["value"] == [3] and fixed["k"]["shape"] == [1] and fixed["k"]["dtype"] == "int64"
+    assert "all 3 samples" in fixed["k"]["reason"]
+
+    varied = profile(model, _samples([{"x": a, "k": np.array([k], np.int64)} for a, k in zip(x, (2, 3, 3))]))
+    assert varied.values["k"][0] == {"shape": [1], "value": [3], "count": 2}
+    assert plan(model, varied, load_target("x86_64")).constant_inputs == {}
+    assert "x" not in varied.values  # data, not a shape-like argument

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator
+from typing import Iterator, Mapping
 
+import numpy as np
 import onnx
 import tvm
 from tvm import relax
@@ -15,6 +16,8 @@ from ..errors import ModelError, describe
 from ..model import Model
 from .converters import CONVERTERS
 from .converters.control_flow import LAZY_IF
+from .expand import expand_functions
+from .fold import fix_inputs, fold_constants
 
 _tvm_convert_map = onnx_frontend._get_convert_map
 
@@ -34,13 +37,18 @@ def _edgec_converters() -> Iterator[None]:
         onnx_frontend._get_convert_map = _tvm_convert_map
 
 
-def import_onnx(model: Model) -> tvm.IRModule:
+def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None) -> tvm.IRModule:
     """Import ``model`` into a Relax module whose ``main`` takes the graph inputs in order.
 
     Weights become constants. Symbolic input dims stay symbolic (``tvm.tirx.Var`` named after the
-    ONNX dim). Raises ModelError naming the unsupported operators.
+    ONNX dim). Inputs named in ``constants`` are compiled as those values (``main`` still takes
+    them; the runtime checks they match). What is known at compile time is folded first
+    (``fold.py``). Raises ModelError naming the unsupported operators.
     """
-    unsupported = unsupported_ops(model.proto)
+    known = set(convert_map()) | {"If", "Constant"}
+    proto = fix_inputs(model.proto, dict(constants or {}))
+    proto = fold_constants(expand_functions(proto, known.__contains__))
+    unsupported = unsupported_ops(proto)
     if unsupported:
         raise ModelError(
             f"model '{model.name}' uses operator(s) the compiler cannot import: "
@@ -49,7 +57,7 @@ def import_onnx(model: Model) -> tvm.IRModule:
     try:
         with warnings.catch_warnings(), _edgec_converters():
             warnings.simplefilter("ignore")
-            mod = onnx_frontend.from_onnx(_with_lazy_ifs(model.proto), keep_params_in_input=False)
+            mod = onnx_frontend.from_onnx(_with_lazy_ifs(proto), keep_params_in_input=False)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
         raise ModelError(f"model '{model.name}' failed to import: {describe(exc)}") from None
     # The importer emits no dataflow block when shape logic or an If sits at the top level, and

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
+from . import dtypes
 from .artifact import Artifact
 from .signature import TensorSpec, bind_inputs
 
@@ -158,7 +159,7 @@ class Model:
             raise ArtifactError(
                 f"'{self.path}' returned {len(values)} outputs, its manifest lists {len(self.outputs)}"
             )
-        return {spec.name: np.from_dlpack(value) for spec, value in zip(self.outputs, values)}
+        return {spec.name: _to_numpy(self._ffi, value) for spec, value in zip(self.outputs, values)}
 
     def raw_call(self, args: list[Any]) -> Any:
         """Call the VM's ``main`` on already-converted ``tvm_ffi`` tensors (for overhead measurement)."""
@@ -167,9 +168,17 @@ class Model:
     def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
         """The inputs as ``tvm_ffi`` tensors over aligned memory, in the order ``main`` takes them."""
         return [
+            dtypes.to_tensor(self._ffi, array) if dtypes.is_extended(array.dtype) else
             self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
             for array in (aligned(inputs[spec.name]) for spec in self.inputs)
         ]
+
+
+def _to_numpy(ffi: Any, value: Any) -> np.ndarray:
+    """An output as numpy; bfloat16/float8/int4... go through ``dtypes`` (DLPack refuses them)."""
+    if str(value.dtype) in dtypes.NUMPY_NATIVE:
+        return np.from_dlpack(value)
+    return dtypes.from_tensor(ffi, value)
 
 
 def _flatten(result: Any) -> list[Any]:

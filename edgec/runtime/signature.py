@@ -24,6 +24,10 @@ class TensorSpec:
     # For integer inputs used as indices into a fixed table: the valid values are [lo, hi).
     # Compiled gathers do not check their indices, so an out-of-range one must never reach them.
     bounds: tuple[int, int] | None = None
+    # For a shape-like input the artifact was compiled for one value of (axes, shape, k, ...):
+    # that value's shape and its elements in C order. Any other value is refused.
+    fixed_shape: tuple[int, ...] | None = None
+    fixed_value: tuple[int | float | bool, ...] | None = None
 
     @property
     def rank(self) -> int:
@@ -33,12 +37,22 @@ class TensorSpec:
         doc = {"name": self.name, "dtype": self.dtype, "dims": list(self.dims)}
         if self.bounds is not None:
             doc["bounds"] = list(self.bounds)
+        if self.fixed_value is not None:
+            doc["fixed"] = {"shape": list(self.fixed_shape), "value": list(self.fixed_value)}
         return doc
 
     @classmethod
     def from_json(cls, doc: dict) -> "TensorSpec":
         bounds = doc.get("bounds")
-        return cls(doc["name"], doc["dtype"], tuple(doc["dims"]), tuple(bounds) if bounds else None)
+        fixed = doc.get("fixed")
+        return cls(doc["name"], doc["dtype"], tuple(doc["dims"]), tuple(bounds) if bounds else None,
+                   tuple(fixed["shape"]) if fixed else None, tuple(fixed["value"]) if fixed else None)
+
+    def fixed_array(self) -> np.ndarray | None:
+        """The value this input was compiled for, or None when any value is accepted."""
+        if self.fixed_value is None:
+            return None
+        return np.array(self.fixed_value, dtype=self.dtype).reshape(self.fixed_shape)
 
 
 def bind_inputs(
@@ -92,4 +106,18 @@ def bind_inputs(
                     f"{where}: input '{spec.name}' holds {bad}, outside [{low}, {high}): it indexes "
                     f"a table of {high} entries"
                 )
+        fixed = spec.fixed_array()
+        if fixed is not None and (array.shape != fixed.shape or not np.array_equal(array, fixed)):
+            raise error(
+                f"{where}: input '{spec.name}' is {_brief(array)}, the artifact was compiled for "
+                f"{_brief(fixed)} (its value in every profiled sample); recompile with samples "
+                f"that cover this value"
+            )
     return bound
+
+
+def _brief(array: np.ndarray) -> str:
+    """A short rendering of a small array's value for error messages."""
+    text = np.array2string(array.ravel() if array.ndim > 1 else array, separator=", ",
+                           threshold=8, max_line_width=10**6)
+    return text if array.ndim <= 1 else f"{text} (shape {list(array.shape)})"

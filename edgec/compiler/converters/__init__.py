@@ -8,9 +8,14 @@ of an import.
 
 from __future__ import annotations
 
+from . import ops, shapes
 from .control_flow import LAZY_IF, LazyIf, Loop, Scan
 
 CONVERTERS: dict[str, type] = {}
 CONVERTERS["Loop"] = Loop
 CONVERTERS["Scan"] = Scan
 CONVERTERS[LAZY_IF] = LazyIf
+CONVERTERS["Shape"] = shapes.Shape
+CONVERTERS["Size"] = shapes.Size
+CONVERTERS["CumProd"] = ops.CumProd
+CONVERTERS["LpNormalization"] = ops.LpNormalization

@@ -529,6 +529,30 @@ std::vector<TensorSpec> ParseSpecs(const ffi::Any& value, const std::string& whe
       }
       spec.dims.push_back(dim);
     }
+    if (auto fixed = Get(*doc, "fixed")) {
+      auto fixed_doc = fixed->try_cast<JsonObject>();
+      if (!fixed_doc) throw incomplete;
+      auto shape = Get(*fixed_doc, "shape");
+      auto values = Get(*fixed_doc, "value");
+      if (!shape || !values) throw incomplete;
+      auto shape_a = shape->try_cast<JsonArray>();
+      auto values_a = values->try_cast<JsonArray>();
+      if (!shape_a || !values_a) throw incomplete;
+      spec.fixed = true;
+      for (const ffi::Any& d : *shape_a) spec.fixed_shape.push_back(d.cast<int64_t>());
+      for (const ffi::Any& v : *values_a) {
+        if (v.type_index() == ffi::TypeIndex::kTVMFFIFloat) {
+          spec.fixed_floats.push_back(v.cast<double>());
+          spec.fixed_ints.push_back(0);
+        } else if (v.type_index() == ffi::TypeIndex::kTVMFFIBool) {
+          spec.fixed_ints.push_back(v.cast<bool>() ? 1 : 0);
+          spec.fixed_floats.push_back(spec.fixed_ints.back());
+        } else {
+          spec.fixed_ints.push_back(v.cast<int64_t>());
+          spec.fixed_floats.push_back(static_cast<double>(spec.fixed_ints.back()));
+        }
+      }
+    }
     specs.push_back(std::move(spec));
   }
   return specs;
@@ -562,7 +586,85 @@ struct Given {
   DLDataType dtype;
   const int64_t* shape;
   int ndim;
+  const void* data;
 };
+
+// Element i of a given input as int64 (ints, bools) or double (floats).
+bool ReadElement(const Given& g, int64_t i, int64_t* as_int, double* as_float) {
+  const uint8_t* p = static_cast<const uint8_t*>(g.data) + i * ((g.dtype.bits + 7) / 8);
+  switch (g.dtype.code) {
+    case kDLInt:
+      if (g.dtype.bits == 64) *as_int = *reinterpret_cast<const int64_t*>(p);
+      else if (g.dtype.bits == 32) *as_int = *reinterpret_cast<const int32_t*>(p);
+      else if (g.dtype.bits == 16) *as_int = *reinterpret_cast<const int16_t*>(p);
+      else if (g.dtype.bits == 8) *as_int = *reinterpret_cast<const int8_t*>(p);
+      else return false;
+      *as_float = static_cast<double>(*as_int);
+      return true;
+    case kDLUInt:
+      if (g.dtype.bits == 64) *as_int = static_cast<int64_t>(*reinterpret_cast<const uint64_t*>(p));
+      else if (g.dtype.bits == 32) *as_int = *reinterpret_cast<const uint32_t*>(p);
+      else if (g.dtype.bits == 16) *as_int = *reinterpret_cast<const uint16_t*>(p);
+      else if (g.dtype.bits == 8 || g.dtype.bits == 1) *as_int = *p;
+      else return false;
+      *as_float = static_cast<double>(*as_int);
+      return true;
+    case kDLBool:
+      *as_int = *p != 0;
+      *as_float = static_cast<double>(*as_int);
+      return true;
+    case kDLFloat:
+      if (g.dtype.bits == 64) *as_float = *reinterpret_cast<const double*>(p);
+      else if (g.dtype.bits == 32) *as_float = *reinterpret_cast<const float*>(p);
+      else return false;
+      *as_int = 0;
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string FixedRepr(const std::vector<int64_t>& ints, const std::vector<double>& floats,
+                      bool is_float) {
+  std::string out = "[";
+  for (size_t i = 0; i < ints.size() && i < 8; ++i) {
+    char buffer[32];
+    if (is_float) std::snprintf(buffer, sizeof(buffer), "%g", floats[i]);
+    else std::snprintf(buffer, sizeof(buffer), "%lld", static_cast<long long>(ints[i]));
+    out += (i ? ", " : "") + std::string(buffer);
+  }
+  return out + (ints.size() > 8 ? ", ...]" : "]");
+}
+
+// signature.py's check of an input the artifact was compiled for one value of.
+void CheckFixed(const TensorSpec& spec, const Given& g, const std::string& where) {
+  if (!spec.fixed) return;
+  bool is_float = g.dtype.code == kDLFloat;
+  bool same = static_cast<size_t>(g.ndim) == spec.fixed_shape.size() &&
+              std::equal(spec.fixed_shape.begin(), spec.fixed_shape.end(), g.shape);
+  int64_t count = 1;
+  for (int i = 0; i < g.ndim; ++i) count *= g.shape[i];
+  std::vector<int64_t> ints(count);
+  std::vector<double> floats(count);
+  for (int64_t i = 0; i < count; ++i) {
+    if (!ReadElement(g, i, &ints[i], &floats[i])) {
+      throw Error(ErrorKind::kSamples, where + ": input " + Quote(spec.name) +
+                                           " has a dtype this host cannot compare");
+    }
+  }
+  same = same && static_cast<size_t>(count) == spec.fixed_ints.size();
+  for (int64_t i = 0; same && i < count; ++i) {
+    same = is_float ? floats[i] == spec.fixed_floats[i] : ints[i] == spec.fixed_ints[i];
+  }
+  if (!same) {
+    throw Error(ErrorKind::kSamples,
+                where + ": input " + Quote(spec.name) + " is " + FixedRepr(ints, floats, is_float) +
+                    ", the artifact was compiled for " +
+                    FixedRepr(spec.fixed_ints, spec.fixed_floats, is_float) +
+                    " (its value in every profiled sample); recompile with samples that cover "
+                    "this value");
+  }
+}
 
 // signature.py's bind_inputs: names, dtypes, ranks, fixed dims, shared symbols.
 void BindInputs(const std::vector<TensorSpec>& specs, const std::vector<Given>& given,
@@ -631,6 +733,7 @@ void BindInputs(const std::vector<TensorSpec>& specs, const std::vector<Given>& 
         }
       }
     }
+    CheckFixed(spec, g, where);
   }
 }
 
@@ -1074,7 +1177,7 @@ Model Model::Load(const Artifact& artifact, const std::string& target, int threa
 std::vector<ffi::Tensor> Model::Run(const std::vector<Input>& inputs) const {
   std::vector<Given> given;
   for (const Input& in : inputs) {
-    given.push_back({in.name, in.dtype, in.shape.data(), static_cast<int>(in.shape.size())});
+    given.push_back({in.name, in.dtype, in.shape.data(), static_cast<int>(in.shape.size()), in.data});
   }
   BindInputs(inputs_, given, "inputs to " + Quote(FileName(where_)));
   std::vector<ffi::Tensor> args;
@@ -1104,7 +1207,8 @@ std::vector<ffi::Tensor> Model::Run(const std::vector<ffi::Tensor>& args) const 
                   where + ": input " + Quote(inputs_[i].name) +
                       " must be a contiguous CPU tensor aligned to 64 bytes (use edgec::Empty)");
     }
-    given.push_back({inputs_[i].name, t.dtype, t.shape, t.ndim});
+    given.push_back({inputs_[i].name, t.dtype, t.shape, t.ndim,
+                     static_cast<const uint8_t*>(t.data) + t.byte_offset});
   }
   BindInputs(inputs_, given, where);
   return CallChecked(args);

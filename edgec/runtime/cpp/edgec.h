@@ -62,6 +62,12 @@ struct TensorSpec {
   std::string name;
   std::string dtype;
   std::vector<Dim> dims;
+  // A shape-like input compiled for one value (the manifest's "fixed"): a call must pass exactly
+  // that value. Integer and bool values are compared as int64, floats as double.
+  bool fixed = false;
+  std::vector<int64_t> fixed_shape;
+  std::vector<int64_t> fixed_ints;
+  std::vector<double> fixed_floats;
 };
 
 /*! \brief One library of an artifact, in manifest order. */
