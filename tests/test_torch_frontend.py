@@ -280,3 +280,37 @@ def test_inputs_sharing_a_dynamic_dim_and_several_outputs(tmp_path):
         expected = program.module()(torch.from_numpy(x), torch.from_numpy(mask))
     for value, reference in zip(got.values(), expected):
         np.testing.assert_allclose(value, reference.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_import_after_the_runtime_loaded_tvm_ffi_without_torch(tmp_path):
+    # The runtime imports tvm_ffi with torch blocked; the importer's weight conversion (DLPack
+    # from torch tensors) must still work when torch is imported afterwards, in the same process.
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        import edgec.runtime as rt
+        rt._import_tvm_ffi()
+        assert "torch" not in sys.modules and "tvm_ffi" in sys.modules
+        import torch
+        from torch.export import Dim, export
+        from edgec.build import build
+        from edgec.plan import plan
+        from edgec.profile import profile
+        from edgec.samples import Sample
+        from edgec.targets import load_target
+        from edgec.torch_program import from_program
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh()).eval()
+        program = export(net, (torch.randn(4, 8),), dynamic_shapes=({{0: Dim("b", min=1, max=64)}},))
+        model = from_program(program, "seq")
+        x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+        target = load_target("x86_64")
+        artifact = build(model, plan(model, profile(model, [Sample("s", {{"input": x}})]), target),
+                         [target])
+        got = rt.load(artifact.save({str(tmp_path / "seq.edgec")!r})).run({{"input": x}})["output_0"]
+        with torch.no_grad():
+            expected = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
