@@ -9,7 +9,8 @@ import textwrap
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="the torch extra is not installed (pip install 'edgec[torch]')")
+torch = pytest.importorskip(
+    "torch", reason="the torch extra is not installed (pip install 'edgec[torch]')")
 
 from torch.export import Dim, export  # noqa: E402
 from torch._higher_order_ops import while_loop  # noqa: E402
@@ -58,7 +59,8 @@ class Gate(torch.nn.Module):
         self.layer = torch.nn.Linear(8, 8)
 
     def forward(self, x):
-        return torch.cond(x.mean() > 0, lambda x: torch.tanh(self.layer(x)) * 2, lambda x: x.abs() - 1, (x,))
+        return torch.cond(x.mean() > 0, lambda x: torch.tanh(self.layer(x)) * 2,
+                          lambda x: x.abs() - 1, (x,))
 
 
 class Accumulate(torch.nn.Module):
@@ -126,8 +128,8 @@ def mlp_program():
 
 
 def test_mlp_dynamic_batch_matches_eager_on_seen_and_unseen_batches(mlp_program, tmp_path):
-    model, _, compiled = _compile(mlp_program, [_normal((4, 8), i) for i in range(3)] + [_normal((2, 8), 9)],
-                                  tmp_path, "mlp")
+    samples = [_normal((4, 8), i) for i in range(3)] + [_normal((2, 8), 9)]
+    model, _, compiled = _compile(mlp_program, samples, tmp_path, "mlp")
     (batch,) = model.dynamic_dims
     assert [(s.name, s.dtype, s.dims) for s in model.inputs] == [("x", "float32", (batch, 8))]
     assert [(s.name, s.dims) for s in model.outputs] == [("output_0", (batch, 4))]
@@ -178,11 +180,13 @@ def test_artifact_runs_without_torch(mlp_program, tmp_path):
         import sys, numpy as np
         sys.modules["torch"] = None  # any import of torch now fails
         import edgec.runtime as rt
-        y = rt.load({str(compiled.path)!r}).run({{"x": np.load({str(tmp_path / "x.npy")!r})}})["output_0"]
+        x = np.load({str(tmp_path / "x.npy")!r})
+        y = rt.load({str(compiled.path)!r}).run({{"x": x}})["output_0"]
         np.save({str(tmp_path / "y.npy")!r}, y)
     """)
     subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _eager(mlp_program, x)[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _eager(mlp_program, x)[0],
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_cli_compiles_a_pt2_file(mlp_program, tmp_path):
@@ -280,3 +284,38 @@ def test_inputs_sharing_a_dynamic_dim_and_several_outputs(tmp_path):
         expected = program.module()(torch.from_numpy(x), torch.from_numpy(mask))
     for value, reference in zip(got.values(), expected):
         np.testing.assert_allclose(value, reference.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow  # a fresh process importing torch and TVM: about half a minute
+def test_import_after_the_runtime_loaded_tvm_ffi_without_torch(tmp_path):
+    # The runtime imports tvm_ffi with torch blocked; the importer's weight conversion (DLPack
+    # from torch tensors) must still work when torch is imported afterwards, in the same process.
+    script = textwrap.dedent(f"""
+        import sys, numpy as np
+        import edgec.runtime as rt
+        rt._import_tvm_ffi()
+        assert "torch" not in sys.modules and "tvm_ffi" in sys.modules
+        import torch
+        from torch.export import Dim, export
+        from edgec.build import build
+        from edgec.plan import plan
+        from edgec.profile import profile
+        from edgec.samples import Sample
+        from edgec.targets import load_target
+        from edgec.torch_program import from_program
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh()).eval()
+        program = export(net, (torch.randn(4, 8),), dynamic_shapes=({{0: Dim("b", min=1, max=64)}},))
+        model = from_program(program, "seq")
+        x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+        target = load_target("x86_64")
+        artifact = build(model, plan(model, profile(model, [Sample("s", {{"input": x}})]), target),
+                         [target])
+        got = rt.load(artifact.save({str(tmp_path / "seq.edgec")!r})).run({{"input": x}})["output_0"]
+        with torch.no_grad():
+            expected = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

@@ -4,7 +4,8 @@ The program is decomposed to core ATen as TVM's ``from_exported_program`` does, 
 a subclass of TVM's ``ExportedProgramImporter`` that adds what TVM 0.27 lacks:
 
 * ``torch.ops.higher_order.cond``: TVM's own converter is used (a ``relax.If`` calling one private
-  function per branch, so only the taken branch runs).
+  function per branch, so only the taken branch runs), with edgec's import of the branch
+  subgraphs, which keeps dims that operands share tied (TVM's gives each dim its own var).
 * ``torch.ops.higher_order.while_loop(cond_fn, body_fn, carried, extra)``: lowered like ONNX
   ``Loop`` (edgec.compiler.converters.control_flow), as recursive functions::
 
