@@ -233,6 +233,8 @@ def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
 def _input_values(model: Model, samples: list[Sample]) -> dict[str, list[dict[str, Any]]]:
     """The distinct values of each small shape-like input over the samples, most frequent first."""
     recorded: dict[str, list[dict[str, Any]]] = {}
+    if model.proto is None:  # a torch program: torch.export already fixed its shape arguments
+        return recorded
     for name in shape_argument_inputs(model.proto):
         seen: Counter = Counter()
         for sample in samples:
