@@ -14,8 +14,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from edgec import runtime
 from edgec.compiler import codegen_cuda
 from edgec.errors import CompileError, ToolchainError
 from edgec.runtime.artifact import Artifact
@@ -94,6 +96,10 @@ def test_cuda_library_holds_device_code(tmp_path, name, targets):
                                     size)
             assert module == {"kind": "relax.VMExecutable", "modules": 1, "fmt": "fatbin",
                               "code_head": FATBIN_MAGIC.hex()}
+            if isinstance(runtime._cuda_capability(), str):  # tests/test_gpu.py runs it on a GPU
+                with pytest.raises(ToolchainError, match="runs on an NVIDIA GPU, but"):
+                    runtime.load(path, target=target_name)
+    assert runtime.load(path).device == "cpu"  # the host's CPU library unless told otherwise
 
 
 def _extract(artifact: Path, member: str, into: Path) -> Path:
@@ -118,6 +124,14 @@ def test_device_binary_replaces_the_source_in_the_import_blob():
     assert patched == struct.pack("<Q", len(expected)) + expected
     with pytest.raises(CompileError, match="CUDA modules"):
         codegen_cuda.with_device_binaries(blob, {"other source": binary})
+
+
+def test_copy_to_another_device_keeps_values():
+    ffi = runtime._ensure_runtime(1)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    copy = runtime._copy_to(ffi, ffi.from_dlpack(x), ffi.device("cpu", 0))
+    x[0, 0] = 100.0  # a copy, not a view
+    assert np.from_dlpack(copy).tolist() == np.arange(12, dtype=np.float32).reshape(3, 4).tolist()
 
 
 def test_cuda_targets_parse_and_name_their_gpu():
