@@ -184,11 +184,11 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
 @_out_opt("Where to write the outputs (.npz keyed by output name).")
 def run_cmd(artifact: Path, inputs_path: Path, target: str | None, output: Path) -> None:
     """Run an artifact on one set of inputs."""
-    from . import runtime
+    from . import remote
     from .fileio import atomic_write
     from .samples import read_npz, sample_files
 
-    model = runtime.load(artifact, target=target)
+    model = remote.load(artifact, target=target)  # here, through RPC or under qemu
     inputs = read_npz(sample_files(inputs_path)[0])
     outputs = model.run(inputs)
 
