@@ -202,6 +202,18 @@ def _cuda_capability() -> tuple[int, int] | str:
     return major.value, minor.value
 
 
+def _cudart_candidates() -> list[Path]:
+    """Where the CUDA runtime (``libcudart.so.13``, which libtvm_runtime_cuda links) may be when
+    the dynamic loader does not know it: a CUDA toolkit, or the nvidia-cuda-runtime wheel."""
+    roots = [Path(os.environ["CUDA_PATH"])] if os.environ.get("CUDA_PATH") else []
+    roots.append(Path("/usr/local/cuda"))
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        roots += [Path(p) / "cu13" for p in spec.submodule_search_locations]
+    return [root / sub / "libcudart.so.13" for root in roots for sub in ("lib64", "lib")
+            if (root / sub / "libcudart.so.13").is_file()]
+
+
 def _ensure_cuda_runtime(entry: dict[str, Any], target: str, where: str) -> None:
     """Check that this machine can run ``target``'s CUDA library; load libtvm_runtime_cuda once.
 
@@ -225,6 +237,12 @@ def _ensure_cuda_runtime(entry: dict[str, Any], target: str, where: str) -> None
         if not library.is_file():
             raise ToolchainError(f"libtvm_runtime_cuda.so not found beside {library.parent}; "
                                  f"install apache-tvm (it ships it) to run CUDA libraries")
+        for cudart in _cudart_candidates():  # when the loader's path lacks it
+            try:
+                ctypes.CDLL(str(cudart), ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
         try:
             ctypes.CDLL(str(library), ctypes.RTLD_GLOBAL)
         except OSError as exc:  # most often libcudart.so.13 missing
