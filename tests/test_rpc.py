@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,9 +77,12 @@ key = "{key}"
 def tracker_port():
     """A tracker and one server registered under KEY, both stopped afterwards."""
     port = free_port()
+    # Own process groups: the tracker and server each run a popen_worker child that outlives a
+    # plain terminate(); the whole group is ended afterwards.
     tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
                                 "--port", str(port), "--port-end", str(port + 1)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
     server = None
     try:
         wait_until(lambda: accepts(port), "the RPC tracker")
@@ -86,7 +91,7 @@ def tracker_port():
             [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
              "--port", str(server_port), "--port-end", str(server_port + 1),
              "--tracker", f"127.0.0.1:{port}", "--key", KEY],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
         def registered() -> bool:
             from tvm import rpc
@@ -98,7 +103,7 @@ def tracker_port():
     finally:
         for process in (server, tracker):
             if process is not None:
-                process.terminate()
+                os.killpg(process.pid, signal.SIGTERM)  # the group started for it, nothing else
                 process.wait(timeout=30)
 
 
