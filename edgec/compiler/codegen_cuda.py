@@ -163,7 +163,7 @@ class CUDACodegen:
 
     def compile(self, mod: tvm.IRModule, target: Target):
         """Compile ``mod`` for ``target`` (kernels on the GPU) and link one shared library."""
-        from .codegen import CompiledLibrary, _fusable
+        from .codegen import CompiledLibrary, _fusable  # codegen imports this module
 
         tvm_target = self.tvm_target(target)
         nvcc = find_nvcc()
@@ -179,7 +179,7 @@ class CUDACodegen:
             with tvm_target:
                 executable = tvm.compile(mod, tvm_target,
                                          relax_pipeline=relax.get_default_pipeline(tvm_target))
-        except Exception as exc:  # lowering and nvcc errors arrive as TVM errors / RuntimeError
+        except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
             raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
         export_kwargs = {"fpack_imports": _pack_imports(str(tvm_target.attrs["arch"]), nvcc)}
         if target.cross_compiler:
@@ -192,7 +192,7 @@ class CUDACodegen:
             path = Path(tmp) / "model.so"
             try:
                 executable.export_library(str(path), **export_kwargs)
-            except CompileError:
+            except CompileError:  # nvcc's, from the fpack_imports hook
                 raise
             except Exception as exc:  # the linker's failure surfaces as a RuntimeError
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
