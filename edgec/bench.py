@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import runtime
+from . import remote, runtime
 from .errors import EdgecError
 from .fileio import load_json_value, save_json_value
 from .model import Model
@@ -269,8 +269,9 @@ def bench(
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
     start = time.perf_counter()
-    compiled = runtime.load(artifact_path, target=target, threads=settings.threads,
-                            require_signature=require_signature)
+    # Where the target file says: here, on a device behind an RPC tracker, or under qemu.
+    compiled = remote.load(artifact_path, target=target, threads=settings.threads,
+                           require_signature=require_signature)
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]
@@ -313,6 +314,8 @@ def bench(
         "model": compiled.manifest["model"]["name"],
         "artifact": str(artifact_path),
         "target": compiled.target,
+        "run": {"mode": remote.run_mode(target), "device": compiled.device,
+                "timing": remote.TIMING[remote.run_mode(target)]},
         "edgec": summary["edgec"],
         "onnxruntime": summary["onnxruntime"],
         "ratio_p50": _ratio(summary["edgec"], summary["onnxruntime"]),

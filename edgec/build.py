@@ -82,6 +82,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
             "arch": target.arch, "cpu_features": list(target.cpu_features),
             "kind": target.kind, "device": codegen.device,
+            # Where kernels run; the VM's control flow and shape dispatch always run on the CPU.
+            "placement": {"kernels": codegen.device, "control_flow": "cpu"},
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
             "tuning": library.tuning,

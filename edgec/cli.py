@@ -248,11 +248,12 @@ def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | 
 def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: Path | None,
             output: Path) -> None:
     """Run an artifact on one set of inputs."""
-    from . import runtime
+    from . import remote
     from .fileio import atomic_write
     from .samples import read_npz, sample_files
 
-    model = runtime.load(artifact, target=target, require_signature=public_key)
+    # here, through RPC or under qemu
+    model = remote.load(artifact, target=target, require_signature=public_key)
     inputs = read_npz(sample_files(inputs_path)[0])
     outputs = model.run(inputs)
 

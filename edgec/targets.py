@@ -15,7 +15,7 @@ from typing import Any
 from .errors import TargetError
 
 TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
-KNOWN_KINDS = ("llvm",)
+KNOWN_KINDS = ("llvm", "cuda")
 KNOWN_RUN_MODES = ("local", "qemu", "rpc")
 
 

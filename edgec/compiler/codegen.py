@@ -28,6 +28,7 @@ from tvm.s_tir.schedule import ScheduleError
 from ..errors import CompileError, ToolchainError, describe
 from ..targets import Target
 from . import native, runtime_kernels
+from .codegen_cuda import CUDACodegen
 from .library_dispatch import DispatchRules, dispatch_with_stats
 
 
@@ -309,10 +310,10 @@ class _SimpleKernel(dlight.ScheduleRule):
         return sch
 
 
-CODEGENS = {"llvm": LLVMCodegen()}
+CODEGENS = {"llvm": LLVMCodegen(), "cuda": CUDACodegen()}
 
 
-def codegen_for(target: Target) -> LLVMCodegen:
+def codegen_for(target: Target) -> LLVMCodegen | CUDACodegen:
     """The code generator for a target's kind; unknown kinds list the known ones."""
     try:
         return CODEGENS[target.kind]

@@ -29,11 +29,13 @@ from .signature import TensorSpec, bind_inputs
 __all__ = ["Model", "load", "host_arch", "TensorSpec"]
 
 _KDL_CPU = 1
+_KDL_CUDA = 2
 _POOLED_ALLOCATOR = 2
 # TVM's kernels assume tensors aligned like its own allocations and use aligned vector loads:
 # a numpy array at a 16-byte boundary can crash them.
 ALIGNMENT = 64
 _runtime_loaded = False
+_cuda_runtime_loaded = False
 
 
 def aligned(array: np.ndarray) -> np.ndarray:
@@ -145,6 +147,9 @@ class Model:
     _vm: Any
     _main: Any
     _ffi: Any
+    # Where tensors live: "cpu", or "cuda" for a CUDA target's library (inputs are copied to
+    # GPU 0 and outputs back to host memory around each call).
+    device: str = "cpu"
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``inputs`` (keyed by input name); return outputs keyed by output name.
@@ -159,6 +164,8 @@ class Model:
             raise ArtifactError(
                 f"'{self.path}' returned {len(values)} outputs, its manifest lists {len(self.outputs)}"
             )
+        if self.device != "cpu":
+            values = [_copy_to(self._ffi, value, self._ffi.device("cpu", 0)) for value in values]
         return {spec.name: _to_numpy(self._ffi, value) for spec, value in zip(self.outputs, values)}
 
     def raw_call(self, args: list[Any]) -> Any:
@@ -166,12 +173,89 @@ class Model:
         return self._main(*args)
 
     def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
-        """The inputs as ``tvm_ffi`` tensors over aligned memory, in the order ``main`` takes them."""
-        return [
+        """The inputs as ``tvm_ffi`` tensors over aligned memory (copied to the GPU for a CUDA
+        library), in the order ``main`` takes them."""
+        host = [
             dtypes.to_tensor(self._ffi, array) if dtypes.is_extended(array.dtype) else
             self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
             for array in (aligned(inputs[spec.name]) for spec in self.inputs)
         ]
+        if self.device == "cpu":
+            return host
+        device = self._ffi.device(self.device, 0)
+        return [_copy_to(self._ffi, tensor, device) for tensor in host]
+
+
+def _copy_to(tvm_ffi: Any, tensor: Any, device: Any) -> Any:
+    """A copy of ``tensor`` in ``device``'s memory, through libtvm_runtime's allocator and copy."""
+    alloc = tvm_ffi.get_global_func("runtime.TVMTensorAllocWithScope")
+    result = alloc(tvm_ffi.Shape(tuple(tensor.shape)), tensor.dtype, device, None)
+    tvm_ffi.get_global_func("runtime.TVMTensorCopyFromTo")(tensor, result)
+    return result
+
+
+def _cuda_capability() -> tuple[int, int] | str:
+    """GPU 0's compute capability through the driver (``libcuda.so.1``), or why there is none."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "the NVIDIA driver (libcuda.so.1) is not installed"
+    count, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return "the NVIDIA driver finds no GPU"
+    # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+    driver.cuDeviceGetAttribute(ctypes.byref(major), 75, 0)
+    driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, 0)
+    return major.value, minor.value
+
+
+def _cudart_candidates() -> list[Path]:
+    """Where the CUDA runtime (``libcudart.so.13``, which libtvm_runtime_cuda links) may be when
+    the dynamic loader does not know it: a CUDA toolkit, or the nvidia-cuda-runtime wheel."""
+    roots = [Path(os.environ["CUDA_PATH"])] if os.environ.get("CUDA_PATH") else []
+    roots.append(Path("/usr/local/cuda"))
+    spec = importlib.util.find_spec("nvidia")
+    if spec is not None and spec.submodule_search_locations:
+        roots += [Path(p) / "cu13" for p in spec.submodule_search_locations]
+    return [root / sub / "libcudart.so.13" for root in roots for sub in ("lib64", "lib")
+            if (root / sub / "libcudart.so.13").is_file()]
+
+
+def _ensure_cuda_runtime(entry: dict[str, Any], target: str, where: str) -> None:
+    """Check that this machine can run ``target``'s CUDA library; load libtvm_runtime_cuda once.
+
+    The library holds SASS for its ``sm_XY`` and that PTX, which the driver compiles for a newer
+    GPU: a GPU of a lower compute capability cannot run it.
+    """
+    global _cuda_runtime_loaded
+    capability = _cuda_capability()
+    if isinstance(capability, str):
+        raise ToolchainError(
+            f"'{where}': the '{target}' library runs on an NVIDIA GPU, but {capability}; "
+            f"run a CPU target's library (--target) on this machine")
+    arch = str(entry.get("tvm_target", {}).get("arch", "sm_0"))
+    needed = int(arch[3:]) if arch[3:].isdigit() else 0
+    if capability[0] * 10 + capability[1] < needed:
+        raise ToolchainError(
+            f"'{where}': the '{target}' library needs a GPU of compute capability {arch} or newer; "
+            f"this GPU is sm_{capability[0]}{capability[1]}; build for its arch")
+    if not _cuda_runtime_loaded:
+        library = _runtime_library().with_name("libtvm_runtime_cuda.so")
+        if not library.is_file():
+            raise ToolchainError(f"libtvm_runtime_cuda.so not found beside {library.parent}; "
+                                 f"install apache-tvm (it ships it) to run CUDA libraries")
+        for cudart in _cudart_candidates():  # when the loader's path lacks it
+            try:
+                ctypes.CDLL(str(cudart), ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
+        try:
+            ctypes.CDLL(str(library), ctypes.RTLD_GLOBAL)
+        except OSError as exc:  # most often libcudart.so.13 missing
+            raise ToolchainError(f"cannot load {library.name}: {exc}; install the CUDA runtime "
+                                 f"(Debian/NVIDIA cuda-cudart, or pip nvidia-cuda-runtime)") from None
+        _cuda_runtime_loaded = True
 
 
 def _to_numpy(ffi: Any, value: Any) -> np.ndarray:
@@ -257,6 +341,17 @@ def select_target(manifest: dict[str, Any], target: str | None, where: str) -> s
     )
 
 
+def open_artifact(path: str | Path, require_signature: Any = None) -> Artifact:
+    """Read and verify an artifact (format, members, checksums and, when ``require_signature``
+    names a public key, its signature); nothing native is loaded."""
+    artifact = Artifact.load(path)
+    if require_signature is not None:
+        from ..signing import verify_artifact  # imports cryptography, needed only here
+
+        verify_artifact(artifact, require_signature, str(path))
+    return artifact
+
+
 def load(path: str | Path, target: str | None = None, threads: int | None = None,
          require_signature: Any = None) -> Model:
     """Verify and load an artifact; pick the library for this host unless ``target`` names one.
@@ -267,14 +362,13 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     ``threads`` sets the VM's thread pool (default: every core available to the process) and only
     takes effect for the first model loaded in a process.
     """
-    artifact = Artifact.load(path)
-    if require_signature is not None:
-        from ..signing import verify_artifact  # imports cryptography, needed only here
-
-        verify_artifact(artifact, require_signature, str(path))
+    artifact = open_artifact(path, require_signature)
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
     tvm_ffi = _ensure_runtime(threads or _default_threads())
+    device = manifest["libraries"][chosen].get("device", "cpu")
+    if device == "cuda":
+        _ensure_cuda_runtime(manifest["libraries"][chosen], chosen, str(path))
     with tempfile.TemporaryDirectory(prefix="edgec-") as tmp:
         lib_path = Path(tmp) / "model.so"  # not the manifest's name: it must not steer the path
         try:
@@ -287,10 +381,13 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
         except Exception as exc:  # the loader reports dlopen failures with its own types
             raise ArtifactError(f"cannot load the '{chosen}' library of '{path}': {describe(exc)}") from None
     vm = module["vm_load_executable"]()
-    vm["vm_initialization"](_KDL_CPU, 0, _POOLED_ALLOCATOR)
+    if device == "cuda":  # kernels on GPU 0; the VM's shape computations need the CPU too
+        vm["vm_initialization"](_KDL_CUDA, 0, _POOLED_ALLOCATOR, _KDL_CPU, 0, _POOLED_ALLOCATOR)
+    else:
+        vm["vm_initialization"](_KDL_CPU, 0, _POOLED_ALLOCATOR)
     return Model(
         path=str(path), manifest=manifest, target=chosen,
         inputs=tuple(TensorSpec.from_json(s) for s in manifest["inputs"]),
         outputs=tuple(TensorSpec.from_json(s) for s in manifest["outputs"]),
-        _vm=vm, _main=vm["main"], _ffi=tvm_ffi,
+        _vm=vm, _main=vm["main"], _ffi=tvm_ffi, device=device,
     )
