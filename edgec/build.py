@@ -11,6 +11,8 @@ from .errors import EdgecError
 from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
+from .quantize import Quantization
+from .quantize.kernels import library_rewrite
 from .runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
 from .targets import Target
 
@@ -30,11 +32,13 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     return functions
 
 
-def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
+def build(model: Model, plan: Plan, targets: list[Target],
+          quantization: Quantization | None = None) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
     One VM program per target holds the shape-specialized functions, the dispatch in ``main``
-    that picks one or falls back to the symbolic function, and the weights.
+    that picks one or falls back to the symbolic function, and the weights. ``quantization``
+    (the quantize stage's result) turns its layers into int8 kernels and int8 weights.
     """
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
@@ -46,9 +50,14 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
+    rewrite = None
+    if quantization is not None and quantization.active:
+        check_matches(model, quantization.model_sha256, "quantization")
+        rewrite = library_rewrite(model.proto, quantization.decisions(),
+                                  quantization.settings.scheme)
     for target in targets:
         codegen = codegen_for(target)
-        library = codegen.compile(mod, target)
+        library = codegen.compile(mod, target, library_rewrite=rewrite)
         file = f"lib/{target.name}.so"
         files[file] = library.data
         libraries[target.name] = {
@@ -65,7 +74,8 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
         "inputs": [s.to_json() for s in model.inputs],
         "outputs": [s.to_json() for s in model.outputs],
         "plan": plan.summary(),
-        "quantization": {"mode": "none"},
+        "quantization": (quantization.manifest() if quantization is not None and quantization.active
+                         else {"mode": "none"}),
         "libraries": libraries,
         "versions": tool_versions(),
     }

@@ -42,6 +42,27 @@ def _plan_opts(func):
     return func
 
 
+def _quantize_opts(func):
+    func = click.option("--quantize", "quantize_mode", default="none", show_default=True,
+                        type=click.Choice(["none", "int8-weight", "int8-dynamic", "int8-static",
+                                           "fp16", "auto"]),
+                        help="Quantize layers with constant weights (see `edgec.quantize`).")(func)
+    func = click.option("--max-accuracy-drop", default=0.01, show_default=True, type=float,
+                        help="Budget vs fp32 on held-out samples: 1 - lowest cosine, or 1 - "
+                             "top-1 agreement for classifiers.")(func)
+    func = click.option("--calibration", default="percentile", show_default=True,
+                        type=click.Choice(["percentile", "minmax"]),
+                        help="Activation range for int8-static: 99.9th percentile or min/max.")(func)
+    func = click.option("--quant-scheme", default="asymmetric", show_default=True,
+                        type=click.Choice(["asymmetric", "symmetric"]),
+                        help="Activations (and embedding rows): with a zero point, or symmetric.")(func)
+    func = click.option("--held-out-samples", "held_out_path", default=None,
+                        type=click.Path(path_type=Path),
+                        help="Samples for the accuracy guard (default: every 4th of --samples, "
+                             "which then neither profiles nor calibrates).")(func)
+    return func
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
 @click.version_option(package_name="edgec", prog_name="edgec")
@@ -146,16 +167,19 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], output: Pa
 @click.option("--target", "targets", required=True, multiple=True, help="Repeat for several targets.")
 @_plan_opts
 @click.option("--save-stages", type=click.Path(path_type=Path), default=None,
-              help="Also write profile.json and plan.json into this folder.")
+              help="Also write profile.json, plan.json (and quantization.json) into this folder.")
+@_quantize_opts
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, save_stages: Path | None,
-                output: Path) -> None:
-    """Profile, plan and build in one go."""
+                quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
+                held_out_path: Path | None, output: Path) -> None:
+    """Profile, plan, quantize and build in one go."""
     from .build import build
     from .model import load_model
     from .plan import PlanSettings, plan
     from .profile import profile
+    from .quantize import QuantizeSettings, build_guarded, held_out_split, quantize
     from .samples import load_samples
     from .targets import load_target
 
@@ -163,17 +187,49 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     target_list = [load_target(t) for t in targets]
     settings = PlanSettings(policy, max_specializations, min_share)
     settings.check()
-    prof = profile(loaded, load_samples(samples_path, loaded))
+    quant_settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
+    quant_settings.check()
+    samples = load_samples(samples_path, loaded)
+    held_out: list = []
+    if quantize_mode != "none":
+        if held_out_path is not None:
+            held_out = load_samples(held_out_path, loaded)
+        else:
+            samples, held_out = held_out_split(samples)
+    prof = profile(loaded, samples)
     _note_reference_error(prof)
     the_plan = plan(loaded, prof, target_list[0], settings)
-    artifact = build(loaded, the_plan, target_list)
+    quant = quantize(loaded, prof, target_list[0], quant_settings, held_out)
+    if quant.active:
+        artifact = build_guarded(loaded, the_plan, target_list, quant, held_out)
+    else:
+        artifact = build(loaded, the_plan, target_list)
     if save_stages is not None:
         prof.save(save_stages / "profile.json")
         the_plan.save(save_stages / "plan.json")
+        if quantize_mode != "none":
+            quant.save(save_stages / "quantization.json")
     artifact.save(output)
     for region in the_plan.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
+    if quantize_mode != "none":
+        _echo_quantization(quant)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
+
+
+def _echo_quantization(quant) -> None:
+    counts: dict[str, int] = {}
+    for layer in quant.layers:
+        counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+    click.echo("quantization " + quant.settings.mode + ": "
+               + ", ".join(f"{n} {p}" for p, n in sorted(counts.items())))
+    for which in ("simulated", "measured"):
+        result = quant.accuracy.get(which)
+        if result:
+            click.echo(f"  {which} on {result['samples']} held-out samples: drop "
+                       f"{result['drop']:.4g} (budget {quant.settings.max_accuracy_drop:g})")
+    if quant.fp32_layers():
+        click.echo("  kept fp32: " + ", ".join(quant.fp32_layers()))
 
 
 @cli.command("run")

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import tvm
 from tvm import relax, topi
@@ -27,6 +28,10 @@ from ..errors import CompileError, ToolchainError, describe
 from ..targets import Target
 from . import native, runtime_kernels
 from .library_dispatch import DispatchRules, dispatch_with_stats
+
+
+# A module rewrite run after library dispatch, returning the native addons its calls need.
+LibraryRewrite = Callable[[tvm.IRModule, Target], "tuple[tvm.IRModule, list[native.NativeAddon]]"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +53,15 @@ class LLVMCodegen:
         except Exception as exc:  # TVM validates target attributes with its own error types
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
-    def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
+    def compile(self, mod: tvm.IRModule, target: Target,
+                library_rewrite: LibraryRewrite | None = None) -> CompiledLibrary:
         """Compile ``mod`` for ``target`` and link it into one shared library.
 
         With ``[libraries] dnnl = true`` in the target file, convolutions and matmuls go to
         oneDNN through edgec's shim, linked into the library; the library then needs
         ``libdnnl.so.2`` on the device, which ``native_dependencies`` records.
+        ``library_rewrite`` (quantization's hook) rewrites the module right after library
+        dispatch and returns the native code its calls need.
         """
         tvm_target = self.tvm_target(target)
         mod = _fusable(mod)
@@ -67,6 +75,9 @@ class LLVMCodegen:
                     f"library dispatch for '{target.name}' failed: {describe(exc)}") from None
             if stats.calls:
                 addons.append(shim)
+        if library_rewrite is not None:
+            mod, extra = library_rewrite(mod, target)
+            addons += extra
         uses_dnnl = bool(addons)
         # After library dispatch: this legalizes, which would hide convolutions from it.
         mod, kernels = runtime_kernels.redirect(mod)

@@ -97,3 +97,18 @@ def held_out_batches() -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
 
 def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits, axis=-1) == labels))
+
+
+def export_held_out(out_dir: str | Path) -> tuple[Path, np.ndarray]:
+    """Write the held-out split as ``held_out_NNN.npz`` batches (the layout ``--samples`` and
+    ``--held-out-samples`` read) into ``out_dir``; return the folder and the labels in order."""
+    from edgec.fileio import write_bytes
+    from edgec.zoo import _npz_bytes
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = []
+    for index, (inputs, batch_labels) in enumerate(held_out_batches()):
+        write_bytes(out / f"held_out_{index:03d}.npz", _npz_bytes(inputs))
+        labels.append(batch_labels)
+    return out, np.concatenate(labels)
