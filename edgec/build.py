@@ -74,8 +74,8 @@ def build(model: Model, plan: Plan, targets: list[Target],
         "inputs": [s.to_json() for s in model.inputs],
         "outputs": [s.to_json() for s in model.outputs],
         "plan": plan.summary(),
-        "quantization": (quantization.manifest() if quantization is not None and quantization.active
-                         else {"mode": "none"}),
+        "quantization": (quantization.manifest() if quantization is not None
+                         and quantization.settings.mode != "none" else {"mode": "none"}),
         "libraries": libraries,
         "versions": tool_versions(),
     }

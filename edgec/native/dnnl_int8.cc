@@ -122,10 +122,11 @@ void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* 
 void Quantize(const float* x, int64_t n, float scale, int32_t zero, uint8_t* q) {
   const float inv = 1.f / scale;
   const float z = static_cast<float>(zero);
+  // Round half up by truncation after clamping (no libm call, so the loop vectorizes).
   for (int64_t i = 0; i < n; ++i) {
-    float v = std::nearbyint(x[i] * inv) + z;
+    float v = x[i] * inv + z + 0.5f;
     v = v < 0.f ? 0.f : (v > 255.f ? 255.f : v);
-    q[i] = static_cast<uint8_t>(v);
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
   }
 }
 
@@ -345,7 +346,7 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
                                     int32_t x_zero, const int64_t* a, const DLTensor* dst) {
   const dt src_t = int8 ? dt::u8 : dt::f32;
   const dt w_t = int8 ? dt::s8 : dt::f32;
-  memory::desc user_src = ActivationDesc(src, src_t, "conv2d data");
+  memory::desc user_src = ActivationDesc(src, dt::f32, "conv2d data");
   memory::desc user_dst = ActivationDesc(dst, dt::f32, "conv2d output");
   const int64_t groups = a[8], flags = a[9];
   memory::dims w = Dims(weight);  // O, I/groups, KH, KW
@@ -367,19 +368,36 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     attr.set_output_scales(1 << 1, entry->out_scales);
     if (x_zero != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zero});
   }
-  dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      memory::desc(user_src.dims(), src_t, tag::any), memory::desc(wdims, w_t, tag::any),
-      memory::desc({w[0]}, dt::f32, tag::x), memory::desc(user_dst.dims(), dt::f32, tag::any),
-      {a[0], a[1]}, {a[6] - 1, a[7] - 1}, {a[2], a[3]}, {a[4], a[5]});
-  entry->pd = dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+  auto make = [&](const memory::desc& dst_md) {
+    dnnl::convolution_forward::desc desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(user_src.dims(), src_t, tag::any), memory::desc(wdims, w_t, tag::any),
+        memory::desc({w[0]}, dt::f32, tag::x), dst_md, {a[0], a[1]}, {a[6] - 1, a[7] - 1},
+        {a[2], a[3]}, {a[4], a[5]});
+    return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+  };
+  // Writing the caller's layout directly saves a reorder per call, unless only the reference
+  // kernel takes it.
+  entry->pd = make(user_dst);
+  if (std::string(entry->pd.impl_info_str()).rfind("ref", 0) == 0) {
+    entry->pd = make(memory::desc(user_dst.dims(), dt::f32, tag::any));
+  }
   entry->primitive = dnnl::convolution_forward(entry->pd);
   entry->user_src = user_src;
   entry->user_dst = user_dst;
   entry->user_weights = user_weights;
   entry->reorder_src = entry->pd.src_desc() != user_src;
   entry->reorder_dst = entry->pd.dst_desc() != user_dst;
-  if (entry->reorder_src) entry->src_in = Reorder(user_src, entry->pd.src_desc());
+  if (int8) {
+    // Quantize and change layout in one reorder: q = x / x_scale + x_zero, saturated to u8.
+    dnnl::primitive_attr quant;
+    quant.set_output_scales(0, {1.f / x_scale});
+    if (x_zero != 0) quant.set_zero_points(DNNL_ARG_DST, 0, {x_zero});
+    entry->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(
+        Engine(), user_src, Engine(), entry->pd.src_desc(), quant));
+  } else if (entry->reorder_src) {
+    entry->src_in = Reorder(user_src, entry->pd.src_desc());
+  }
   if (entry->reorder_dst) entry->dst_out = Reorder(entry->pd.dst_desc(), user_dst);
   return entry;
 }
@@ -416,18 +434,10 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
     return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
                        entry->user_weights, weight->shape[0], 0, !int8);
   });
-  memory src_m;
-  if (int8) {
-    const int64_t n = Numel(src);
-    uint8_t* q = static_cast<uint8_t*>(Scratch(0, n));
-    Quantize(Data<float>(src), n, x_scale, x_zero, q);
-    src_m = memory(entry->user_src, Engine(), q);
-  } else {
-    src_m = memory(entry->user_src, Engine(), Data<float>(src));
-  }
+  memory src_m(entry->user_src, Engine(), Data<float>(src));
   memory dst_m(entry->user_dst, Engine(), Data<float>(dst));
   memory src_p = src_m, dst_p = dst_m;
-  if (entry->reorder_src) {
+  if (int8 || entry->reorder_src) {
     src_p = memory(pd.src_desc(), Engine(), Scratch(1, pd.src_desc().get_size()));
     entry->src_in.execute(stream, src_m, src_p);
   }
