@@ -327,3 +327,21 @@ def test_cli_compile_quantize_writes_manifest_and_stage(tmp_path, capsys):
     assert main(["compile", str(tmp_path / "model.onnx"), "--samples", str(tmp_path / "samples"),
                  "--target", TARGET, "--quantize", "fp16", "-o", str(tmp_path / "x.edgec")]) == 8
     assert not (tmp_path / "x.edgec").exists()
+
+
+def test_report_lines_name_the_fp32_layers_and_the_accuracy():
+    from edgec.bench import BenchResult
+    from edgec.report import _quantization_lines
+
+    model, target, prof, _ = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(4, 1)
+    loose = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    budget = loose.accuracy["simulated"]["drop"] * 0.5
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", budget), held_out)
+    lines = _quantization_lines(BenchResult({"quantization": quant.manifest()}))
+    text = "\n".join(lines)
+    assert "quantization `int8-static`" in text and "simulated, 4 held-out samples" in text
+    assert "top-1 agreement" in text
+    assert "kept fp32: " + ", ".join(f"`{n}`" for n in quant.fp32_layers()) in text
+    assert _quantization_lines(BenchResult({"quantization": {"mode": "none"}})) == []
+    assert _quantization_lines(BenchResult({})) == []
