@@ -51,10 +51,11 @@ def build(model: Model, plan: Plan, targets: list[Target],
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     rewrite = None
+    rewritten: dict[str, int] = {}
     if quantization is not None and quantization.active:
         check_matches(model, quantization.model_sha256, "quantization")
         rewrite = library_rewrite(model.proto, quantization.decisions(),
-                                  quantization.settings.scheme)
+                                  quantization.settings.scheme, rewritten)
     for target in targets:
         codegen = codegen_for(target)
         library = codegen.compile(mod, target, library_rewrite=rewrite)
@@ -67,6 +68,8 @@ def build(model: Model, plan: Plan, targets: list[Target],
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
         }
+    if rewrite is not None:
+        quantization.mark_not_compiled(rewritten)
     manifest = {
         "format_version": FORMAT_VERSION,
         "model": {"name": model.name, "sha256": model.sha256, "opset": model.opset,

@@ -345,3 +345,27 @@ def test_report_lines_name_the_fp32_layers_and_the_accuracy():
     assert "kept fp32: " + ", ".join(f"`{n}`" for n in quant.fp32_layers()) in text
     assert _quantization_lines(BenchResult({"quantization": {"mode": "none"}})) == []
     assert _quantization_lines(BenchResult({})) == []
+
+
+def test_layers_without_an_int8_form_are_reported_fp32():
+    """A convolution fused with a residual add has no int8 kernel: the manifest says fp32."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("Conv", ["image", "c.w", "c.b"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Add", ["c", "image"], ["sum"], name="residual"),
+        helper.make_node("Relu", ["sum"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32), "c.w"),
+         numpy_helper.from_array(np.zeros(8, np.float32), "c.b")])
+    samples = [Sample(f"s{i}", {"image": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)})
+               for i in range(4)]
+    model, target, prof, the_plan = _setup(_model(graph), samples[:3])
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), samples[3:])
+    assert quant.layers[0]["precision"] == "int8-static"
+    artifact = build_guarded(model, the_plan, [target], quant, samples[3:])
+    layer = artifact.manifest["quantization"]["layers"][0]
+    assert layer["precision"] == "fp32" and "no int8 form" in layer["reason"]
+    assert artifact.manifest["quantization"]["fp32_layers"] == ["conv"]

@@ -103,6 +103,16 @@ class Quantization:
     def fp32_layers(self) -> list[str]:
         return [layer["name"] for layer in self.layers if layer["precision"] == "fp32"]
 
+    def mark_not_compiled(self, rewritten: dict[str, int]) -> None:
+        """Record as fp32 the quantized layers the build found no int8 form for (``rewritten``:
+        calls rewritten per layer), e.g. a convolution fused with a residual add."""
+        for layer in self.layers:
+            if layer["precision"] != "fp32" and not rewritten.get(layer["name"]):
+                layer["reason"] = (f"fp32: planned {layer['precision']}, but the compiled program "
+                                   f"has no int8 form of it (fused with a residual add, say)")
+                layer["precision"] = "fp32"
+                layer["activation"] = None
+
     def manifest(self) -> dict[str, Any]:
         """The part an artifact's manifest keeps."""
         return {
