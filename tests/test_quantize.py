@@ -369,3 +369,18 @@ def test_layers_without_an_int8_form_are_reported_fp32():
     layer = artifact.manifest["quantization"]["layers"][0]
     assert layer["precision"] == "fp32" and "no int8 form" in layer["reason"]
     assert artifact.manifest["quantization"]["fp32_layers"] == ["conv"]
+
+
+def test_cpp_host_runs_an_int8_artifact_like_the_python_runtime(tmp_path):
+    """The int8 kernels are linked into the library, so the C++ host needs nothing more."""
+    from test_cpp_host import build_host, missing_tools, run_host
+
+    if missing_tools("g++", "make"):
+        pytest.skip("needs g++ and make")
+    model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(2, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    path = build_guarded(model, the_plan, [target], quant, held_out).save(tmp_path / "q.edgec")
+    expected = load(path).run(held_out[0].arrays)
+    got = run_host(build_host(), path, held_out[0].arrays, tmp_path / "host")
+    np.testing.assert_allclose(got["logits"], expected["logits"], rtol=0, atol=1e-5)
