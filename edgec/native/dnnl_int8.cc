@@ -233,10 +233,17 @@ struct DenseEntry {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
   WeightSlot weights;
+  std::vector<float> out_scales;
 };
 
+// Output scales must be fixed when the primitive is made: with run-time scales oneDNN 2.6 drops
+// from its brgemm (AMX / VNNI) matmul to a generic GEMM that repacks the weights on every call
+// (measured 2x slower than fp32 on the zoo transformer). Static layers fix x_scale * w_scale and
+// the zero point; dynamic ones fix w_scale only, with no bias or relu in the primitive, and this
+// function applies the call's x_scale, then the bias and relu, to the output.
 void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
-           double x_scale, int64_t x_zero, int64_t flags, int64_t weight_id, DLTensor* dst) {
+           double x_scale_in, int64_t x_zero_in, int64_t flags, int64_t weight_id,
+           DLTensor* dst) {
   Check(src, kDLFloat, 32, "dense data");
   Check(weight, kDLInt, 8, "dense weight");
   Check(w_scale, kDLFloat, 32, "dense weight scale");
@@ -249,64 +256,83 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   int64_t m = 1;
   for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
   if (m == 0 || n == 0) return;
+  const bool dynamic = int8 && !(x_scale_in > 0);
+  const float* w_scales = Data<float>(w_scale);
+  const float* x = Data<float>(src);
+  float* out = Data<float>(dst);
+  float x_scale = static_cast<float>(x_scale_in);
+  int32_t x_zero = static_cast<int32_t>(x_zero_in);
+  if (dynamic) Params(x, m * k, 0.0, 0, &x_scale, &x_zero);
 
+  std::vector<int64_t> key = {m, k, n, flags, int8 + dynamic};
+  if (int8) key.insert(key.end(), {weight_id, dynamic ? 0 : FloatBits(x_scale), dynamic ? 0 : x_zero});
   static PrimitiveCache<DenseEntry> cache;
-  auto entry = cache.Get({m, k, n, flags, int8}, [&]() {
+  auto entry = cache.Get(key, [&]() {
+    auto entry = std::make_shared<DenseEntry>();
     dnnl::post_ops ops;
-    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if ((flags & kRelu) && !dynamic) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     dt src_t = dt::f32, w_t = dt::f32;
     if (int8) {
       src_t = dt::u8;
       w_t = dt::s8;
-      attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+      entry->out_scales.assign(w_scales, w_scales + n);
+      if (!dynamic) {
+        for (float& v : entry->out_scales) v *= x_scale;
+      }
+      attr.set_output_scales(1 << 1, entry->out_scales);
       attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     }
-    dnnl::matmul::desc desc(memory::desc({m, k}, src_t, tag::ab),
-                            memory::desc({k, n}, w_t, tag::any),
-                            memory::desc({1, n}, dt::f32, tag::ab),
-                            memory::desc({m, n}, dt::f32, tag::ab));
-    auto entry = std::make_shared<DenseEntry>();
+    dnnl::matmul::desc desc = dynamic
+        ? dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                             memory::desc({m, n}, dt::f32, tag::ab))
+        : dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                             memory::desc({1, n}, dt::f32, tag::ab),
+                             memory::desc({m, n}, dt::f32, tag::ab));
     entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
     entry->primitive = dnnl::matmul(entry->pd);
     return entry;
   });
   const auto& pd = entry->pd;
-  const float* w_scales = Data<float>(w_scale);
   memory weights = entry->weights.Get(weight_id, [&]() {
     return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
                        memory::desc({k, n}, int8 ? dt::s8 : dt::f32, tag::ab), n, 1, !int8);
   });
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_WEIGHTS, weights},
-      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), Data<float>(bias))},
-      {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), Data<float>(dst))},
+      {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), out)},
   };
-  std::vector<float> out_scales, scaled_bias;
-  int32_t zero = 0;
-  if (int8) {
-    float scale;
-    Params(Data<float>(src), m * k, x_scale, x_zero, &scale, &zero);
-    uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
-    Quantize(Data<float>(src), m * k, scale, zero, q);
-    out_scales.resize(n);
-    for (int64_t j = 0; j < n; ++j) out_scales[j] = scale * w_scales[j];
-    // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
-    scaled_bias.resize(n);
-    const float* b = Data<float>(bias);
-    for (int64_t j = 0; j < n; ++j) scaled_bias[j] = b[j] / out_scales[j];
-    args[DNNL_ARG_BIAS] = memory(pd.bias_desc(), Engine(), scaled_bias.data());
-    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
-    args.emplace(DNNL_ARG_ATTR_OUTPUT_SCALES,
-                 memory({{n}, dt::f32, tag::x}, Engine(), out_scales.data()));
-    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
-                 memory({{1}, dt::s32, tag::x}, Engine(), &zero));
+  const float* b = Data<float>(bias);
+  std::vector<float> scaled_bias;
+  if (!int8) {
+    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), const_cast<float*>(x)));
+    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), const_cast<float*>(b)));
   } else {
-    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), Data<float>(src)));
+    uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
+    Quantize(x, m * k, x_scale, x_zero, q);
+    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
+                 memory({{1}, dt::s32, tag::x}, Engine(), &x_zero));
+    if (!dynamic) {
+      // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
+      scaled_bias.resize(n);
+      for (int64_t j = 0; j < n; ++j) scaled_bias[j] = b[j] / entry->out_scales[j];
+      args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), scaled_bias.data()));
+    }
   }
   entry->primitive.execute(Stream(), args);
   Stream().wait();
+  if (dynamic) {
+    const bool relu = flags & kRelu;
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = out + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        float v = row[j] * x_scale + b[j];
+        row[j] = relu && v < 0.f ? 0.f : v;
+      }
+    }
+  }
 }
 
 void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t flags,
