@@ -384,3 +384,20 @@ def test_cpp_host_runs_an_int8_artifact_like_the_python_runtime(tmp_path):
     expected = load(path).run(held_out[0].arrays)
     got = run_host(build_host(), path, held_out[0].arrays, tmp_path / "host")
     np.testing.assert_allclose(got["logits"], expected["logits"], rtol=0, atol=1e-5)
+
+
+def test_auto_weighs_integer_against_weight_only_by_measured_latency():
+    model, target, prof, the_plan = _setup(embed_mlp(), embed_samples(8, 0))
+    held_out = embed_samples(3, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)
+    assert {l["precision"] for l in quant.layers if l["kind"] == "dense"} == {"int8-static"}
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    cost = artifact.manifest["quantization"]["cost"]
+    assert cost["integer_ms"] > 0 and cost["weight_only_ms"] > 0
+    dense = {l["precision"] for l in artifact.manifest["quantization"]["layers"]
+             if l["name"].startswith("fc")}
+    if cost["chosen"] == "weight-only":
+        assert cost["weight_only_ms"] < cost["integer_ms"] and dense == {"int8-weight"}
+    else:
+        assert cost["chosen"] == "integer" and dense == {"int8-static"}
+    assert artifact.manifest["quantization"]["accuracy"]["measured"]["drop"] <= 0.5
