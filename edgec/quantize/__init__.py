@@ -300,7 +300,6 @@ def build_guarded(model: Model, the_plan, targets: list[Target], quant: Quantiza
             "how": "median over held-out samples of the median of interleaved calls"}
     if within and timings[1] < timings[0]:
         alternative.cost = {**cost, "chosen": "weight-only"}
-        alternative.accuracy["simulated"] = quant.accuracy.get("simulated")
         quant.layers, quant.accuracy, quant.cost = (alternative.layers, alternative.accuracy,
                                                     alternative.cost)
         other.manifest["quantization"] = quant.manifest()

@@ -82,7 +82,8 @@ class _Rewrite(relax.PyExprMutator):
             name = call.args[0].global_symbol
             if name in (_FP32_DENSE, _FP32_CONV):
                 return self._library_call(call, name)
-        elif call.op.same_as(_TAKE) and int(call.attrs.axis or 0) == 0:
+        elif (call.op.same_as(_TAKE) and call.attrs.axis is not None
+              and int(call.attrs.axis) == 0):  # axis None would index the flattened table
             return self._embedding(call)
         return call
 
