@@ -53,7 +53,7 @@ def build(model: Model, plan: Plan, targets: list[Target],
     rewrite = None
     rewritten: dict[str, int] = {}
     if quantization is not None and quantization.active:
-        check_matches(model, quantization.model_sha256, "quantization")
+        check_matches(model, quantization.model_sha256, "quantize")
         rewrite = library_rewrite(model.proto, quantization.decisions(),
                                   quantization.settings.scheme, rewritten)
     for target in targets:

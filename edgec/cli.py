@@ -144,19 +144,53 @@ def plan_cmd(model: Path, profile_path: Path, target: str, policy: str, max_spec
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
 
 
+@cli.command("quantize")
+@_model_arg
+@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
+@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@_quantize_opts
+@_out_opt("Where to write the quantization decisions (JSON).")
+def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: str,
+                 max_accuracy_drop: float, calibration: str, quant_scheme: str,
+                 held_out_path: Path | None, output: Path) -> None:
+    """Decide each layer's precision within the accuracy budget (simulated on held-out samples)."""
+    from .model import load_model
+    from .profile import Profile
+    from .quantize import QuantizeSettings, quantize
+    from .samples import load_samples
+    from .targets import load_target
+
+    settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
+    settings.check()
+    if held_out_path is None and quantize_mode != "none":
+        raise EdgecError("`edgec quantize` needs --held-out-samples for its accuracy guard")
+    loaded = load_model(model)
+    held_out = load_samples(held_out_path, loaded) if held_out_path is not None else []
+    result = quantize(loaded, Profile.load(profile_path), load_target(target), settings, held_out)
+    result.save(output)
+    _echo_quantization(result)
+
+
 @cli.command("build")
 @_model_arg
 @click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
 @click.option("--target", "targets", required=True, multiple=True, help="Repeat for several targets.")
+@click.option("--quantization", "quantization_path", type=click.Path(path_type=Path), default=None,
+              help="Decisions from `edgec quantize` (the manifest then records their simulated "
+                   "accuracy; `edgec compile --quantize` also measures the artifact).")
 @_out_opt("Where to write the artifact (.edgec).")
-def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], output: Path) -> None:
+def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
+              quantization_path: Path | None, output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from .build import build
     from .model import load_model
     from .plan import Plan
+    from .quantize import Quantization
     from .targets import load_target
 
-    artifact = build(load_model(model), Plan.load(plan_path), [load_target(t) for t in targets])
+    quantization = Quantization.load(quantization_path) if quantization_path else None
+    artifact = build(load_model(model), Plan.load(plan_path), [load_target(t) for t in targets],
+                     quantization=quantization)
     artifact.save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 

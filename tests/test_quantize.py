@@ -401,3 +401,28 @@ def test_auto_weighs_integer_against_weight_only_by_measured_latency():
     else:
         assert cost["chosen"] == "integer" and dense == {"int8-static"}
     assert artifact.manifest["quantization"]["accuracy"]["measured"]["drop"] <= 0.5
+
+
+def test_cli_stages_profile_plan_quantize_build(tmp_path, capsys):
+    onnx.save(small_cnn(), str(tmp_path / "model.onnx"))
+    write_samples(tmp_path / "samples", [s.arrays for s in cnn_samples(4, 0)])
+    write_samples(tmp_path / "held_out", [s.arrays for s in cnn_samples(2, 1)])
+    model, quant = str(tmp_path / "model.onnx"), str(tmp_path / "quant.json")
+    assert main(["profile", model, "--samples", str(tmp_path / "samples"),
+                 "-o", str(tmp_path / "profile.json")]) == 0
+    assert main(["plan", model, "--profile", str(tmp_path / "profile.json"), "--target", TARGET,
+                 "-o", str(tmp_path / "plan.json")]) == 0
+    assert main(["quantize", model, "--profile", str(tmp_path / "profile.json"), "--target",
+                 TARGET, "--quantize", "int8-static", "-o", quant]) == 2  # no held-out samples
+    assert main(["quantize", model, "--profile", str(tmp_path / "profile.json"), "--target",
+                 TARGET, "--quantize", "int8-static", "--max-accuracy-drop", "0.5",
+                 "--held-out-samples", str(tmp_path / "held_out"), "-o", quant]) == 0
+    assert "simulated on 2 held-out samples" in capsys.readouterr().out
+    out = tmp_path / "model.edgec"
+    assert main(["build", model, "--plan", str(tmp_path / "plan.json"), "--target", TARGET,
+                 "--quantization", quant, "-o", str(out)]) == 0
+    manifest = load(out).manifest["quantization"]
+    assert manifest["mode"] == "int8-static" and manifest["fp32_layers"] == []
+    assert manifest["accuracy"]["simulated"]["samples"] == 2
+    assert main(["build", model, "--plan", str(tmp_path / "plan.json"), "--target", TARGET,
+                 "--quantization", str(tmp_path / "plan.json"), "-o", str(tmp_path / "y.edgec")]) == 10

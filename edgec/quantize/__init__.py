@@ -135,11 +135,11 @@ class Quantization:
         payload = {"model": {"name": self.model_name, "sha256": self.model_sha256},
                    "settings": vars(self.settings), "layers": self.layers,
                    "accuracy": self.accuracy, "cost": self.cost, "versions": self.versions}
-        return save_json_value(path, "quantization", QUANTIZE_VERSION, payload)
+        return save_json_value(path, "quantize", QUANTIZE_VERSION, payload)
 
     @classmethod
     def load(cls, path: str | Path) -> "Quantization":
-        doc = load_json_value(path, "quantization", QUANTIZE_VERSION)
+        doc = load_json_value(path, "quantize", QUANTIZE_VERSION)
         return cls(doc["model"]["name"], doc["model"]["sha256"],
                    QuantizeSettings(**doc["settings"]), doc["layers"], doc["accuracy"],
                    doc["versions"], doc.get("cost", {}))
