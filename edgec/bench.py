@@ -330,6 +330,7 @@ def bench(
         "peak_rss_mb": round(peak_rss_mb, 1),
         "per_shape": per_shape_rows,
         "plan": compiled.manifest.get("plan", {}),
+        "quantization": compiled.manifest.get("quantization", {"mode": "none"}),
         "settings": vars(settings),
         "samples": len(samples),
         "machine": {**machine_info(), "threads": settings.threads},

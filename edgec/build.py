@@ -12,6 +12,8 @@ from .errors import EdgecError
 from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
+from .quantize import Quantization
+from .quantize.kernels import library_rewrite
 from .runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
 from .runtime.signature import TensorSpec
 from .targets import Target
@@ -54,12 +56,15 @@ def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
     return specs
 
 
-def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given") -> Artifact:
+def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given",
+          quantization: Quantization | None = None) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
     One VM program per target holds the shape-specialized functions, the dispatch in ``main``
     that picks one or falls back to the symbolic function, and the weights. ``targets_chosen``
     says in the manifest how the targets were picked ("given", or why edgec picked them).
+    ``quantization`` (the quantize stage's result) turns its layers into int8 kernels and int8
+    weights.
     """
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
@@ -73,9 +78,15 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
+    rewrite = None
+    rewritten: dict[str, int] = {}
+    if quantization is not None and quantization.active:
+        check_matches(model, quantization.model_sha256, "quantize")
+        rewrite = library_rewrite(model.proto, quantization.decisions(),
+                                  quantization.settings.scheme, rewritten)
     for target in targets:
         codegen = codegen_for(target)
-        library = codegen.compile(mod, target)
+        library = codegen.compile(mod, target, library_rewrite=rewrite)
         file = f"lib/{target.name}.so"
         files[file] = library.data
         libraries[target.name] = {
@@ -88,6 +99,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "native_dependencies": library.native_dependencies,
             "tuning": library.tuning,
         }
+    if rewrite is not None:
+        quantization.mark_not_compiled(rewritten)
     manifest = {
         "format_version": FORMAT_VERSION,
         "model": {"name": model.name, "sha256": model.sha256, "opset": model.opset,
@@ -95,7 +108,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         "inputs": [s.to_json() for s in inputs],
         "outputs": [s.to_json() for s in model.outputs],
         "plan": plan.summary(),
-        "quantization": {"mode": "none"},
+        "quantization": (quantization.manifest() if quantization is not None
+                         and quantization.settings.mode != "none" else {"mode": "none"}),
         "libraries": libraries,
         "targets_chosen": targets_chosen,
         "versions": tool_versions(),

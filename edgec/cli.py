@@ -63,6 +63,27 @@ def _signer(sign_key: Path | None):
     return lambda artifact: sign_artifact(artifact, key)
 
 
+def _quantize_opts(func):
+    func = click.option("--quantize", "quantize_mode", default="none", show_default=True,
+                        type=click.Choice(["none", "int8-weight", "int8-dynamic", "int8-static",
+                                           "fp16", "auto"]),
+                        help="Quantize layers with constant weights (see `edgec.quantize`).")(func)
+    func = click.option("--max-accuracy-drop", default=0.01, show_default=True, type=float,
+                        help="Budget vs fp32 on held-out samples: 1 - lowest cosine, or 1 - "
+                             "top-1 agreement for classifiers.")(func)
+    func = click.option("--calibration", default="percentile", show_default=True,
+                        type=click.Choice(["percentile", "minmax"]),
+                        help="Activation range for int8-static: 99.9th percentile or min/max.")(func)
+    func = click.option("--quant-scheme", default="asymmetric", show_default=True,
+                        type=click.Choice(["asymmetric", "symmetric"]),
+                        help="Activations (and embedding rows): with a zero point, or symmetric.")(func)
+    func = click.option("--held-out-samples", "held_out_path", default=None,
+                        type=click.Path(path_type=Path),
+                        help="Samples for the accuracy guard (default: every 4th of --samples, "
+                             "which then neither profiles nor calibrates).")(func)
+    return func
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
 @click.version_option(package_name="edgec", prog_name="edgec")
@@ -158,23 +179,56 @@ def _targets_or_default(names: tuple[str, ...]):
     return [target], f"default: {target.name}, the target with the most CPU features the build machine has"
 
 
+@cli.command("quantize")
+@_model_arg
+@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
+@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@_quantize_opts
+@_out_opt("Where to write the quantization decisions (JSON).")
+def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: str,
+                 max_accuracy_drop: float, calibration: str, quant_scheme: str,
+                 held_out_path: Path | None, output: Path) -> None:
+    """Decide each layer's precision within the accuracy budget (simulated on held-out samples)."""
+    from .model import load_model
+    from .profile import Profile
+    from .quantize import QuantizeSettings, quantize
+    from .samples import load_samples
+    from .targets import load_target
+
+    settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
+    settings.check()
+    if held_out_path is None and quantize_mode != "none":
+        raise EdgecError("`edgec quantize` needs --held-out-samples for its accuracy guard")
+    loaded = load_model(model)
+    held_out = load_samples(held_out_path, loaded) if held_out_path is not None else []
+    result = quantize(loaded, Profile.load(profile_path), load_target(target), settings, held_out)
+    result.save(output)
+    _echo_quantization(result)
+
+
 @cli.command("build")
 @_model_arg
 @click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
 @click.option("--target", "targets", multiple=True,
               help="Repeat for several targets (default: the best target this machine runs).")
+@click.option("--quantization", "quantization_path", type=click.Path(path_type=Path), default=None,
+              help="Decisions from `edgec quantize` (the manifest then records their simulated "
+                   "accuracy; `edgec compile --quantize` also measures the artifact).")
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
-def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: Path | None,
-              output: Path) -> None:
+def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
+              quantization_path: Path | None, sign_key: Path | None, output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from .build import build
     from .model import load_model
     from .plan import Plan
+    from .quantize import Quantization
 
     sign = _signer(sign_key)
     target_list, chosen = _targets_or_default(targets)
-    artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen)
+    quantization = Quantization.load(quantization_path) if quantization_path else None
+    artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen,
+                     quantization=quantization)
     sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
@@ -186,17 +240,20 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...], sign_key: 
               help="Repeat for several targets (default: the best target this machine runs).")
 @_plan_opts
 @click.option("--save-stages", type=click.Path(path_type=Path), default=None,
-              help="Also write profile.json and plan.json into this folder.")
+              help="Also write profile.json, plan.json (and quantization.json) into this folder.")
+@_quantize_opts
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, save_stages: Path | None,
-                sign_key: Path | None, output: Path) -> None:
-    """Profile, plan and build in one go."""
+                quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
+                held_out_path: Path | None, sign_key: Path | None, output: Path) -> None:
+    """Profile, plan, quantize and build in one go."""
     from .build import build
     from .model import load_model
     from .plan import PlanSettings, plan
     from .profile import profile
+    from .quantize import QuantizeSettings, build_guarded, held_out_split, quantize
     from .samples import load_samples
 
     sign = _signer(sign_key)
@@ -204,16 +261,34 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     target_list, chosen = _targets_or_default(targets)
     settings = PlanSettings(policy, max_specializations, min_share)
     settings.check()
-    prof = profile(loaded, load_samples(samples_path, loaded))
+    quant_settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
+    quant_settings.check()
+    samples = load_samples(samples_path, loaded)
+    held_out: list = []
+    if quantize_mode != "none":
+        if held_out_path is not None:
+            held_out = load_samples(held_out_path, loaded)
+        else:
+            samples, held_out = held_out_split(samples)
+    prof = profile(loaded, samples)
     _note_reference_error(prof)
     the_plan = plan(loaded, prof, target_list[0], settings)
-    artifact = build(loaded, the_plan, target_list, targets_chosen=chosen)
+    quant = quantize(loaded, prof, target_list[0], quant_settings, held_out)
+    if quant.active:
+        artifact = build_guarded(loaded, the_plan, target_list, quant, held_out,
+                                 targets_chosen=chosen)
+    else:
+        artifact = build(loaded, the_plan, target_list, targets_chosen=chosen)
     if save_stages is not None:
         prof.save(save_stages / "profile.json")
         the_plan.save(save_stages / "plan.json")
+        if quantize_mode != "none":
+            quant.save(save_stages / "quantization.json")
     sign(artifact).save(output)
     for region in the_plan.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
+    if quantize_mode != "none":
+        _echo_quantization(quant)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
 
@@ -236,6 +311,21 @@ def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | 
     click.echo(f"{summary.tasks} kernels to tune, {summary.trials_before} trials already in "
                f"{summary.database}, {summary.trials_run} run now; the database holds "
                f"{summary.records_after} records")
+
+
+def _echo_quantization(quant) -> None:
+    counts: dict[str, int] = {}
+    for layer in quant.layers:
+        counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+    click.echo("quantization " + quant.settings.mode + ": "
+               + ", ".join(f"{n} {p}" for p, n in sorted(counts.items())))
+    for which in ("simulated", "measured"):
+        result = quant.accuracy.get(which)
+        if result:
+            click.echo(f"  {which} on {result['samples']} held-out samples: drop "
+                       f"{result['drop']:.4g} (budget {quant.settings.max_accuracy_drop:g})")
+    if quant.fp32_layers():
+        click.echo("  kept fp32: " + ", ".join(quant.fp32_layers()))
 
 
 @cli.command("run")

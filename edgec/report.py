@@ -77,6 +77,31 @@ def _split_lines(result: BenchResult) -> list[str]:
     return lines
 
 
+def _quantization_lines(result: BenchResult) -> list[str]:
+    """What was quantized, which layers stayed fp32 and the accuracy measured on held-out
+    samples (empty for fp32 artifacts)."""
+    quant = result.data.get("quantization") or {"mode": "none"}
+    if quant.get("mode", "none") == "none":
+        return []
+    counts: dict[str, int] = {}
+    for layer in quant.get("layers", []):
+        counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+    lines = [f"- quantization `{quant['mode']}` ({quant.get('calibration')} calibration, "
+             f"{quant.get('scheme')}): " + ", ".join(f"{n} {p}" for p, n in sorted(counts.items()))]
+    measured = quant.get("accuracy", {}).get("measured") or quant.get("accuracy", {}).get("simulated")
+    if measured:
+        kind = "measured" if quant["accuracy"].get("measured") else "simulated"
+        per_output = "; ".join(
+            f"{name}: min cosine {o['min_cosine']:.5f}, max abs {o['max_abs']:.3g}"
+            + (f", top-1 agreement {o['top1_agreement']:.3f}" if "top1_agreement" in o else "")
+            for name, o in measured["outputs"].items())
+        lines.append(f"- accuracy vs fp32 ({kind}, {measured['samples']} held-out samples): drop "
+                     f"{measured['drop']:.3g} of budget {quant.get('max_accuracy_drop')}; {per_output}")
+    if quant.get("fp32_layers"):
+        lines.append("- kept fp32: " + ", ".join(f"`{name}`" for name in quant["fp32_layers"]))
+    return lines
+
+
 def _markdown(results: list[BenchResult]) -> str:
     lines = ["# edgec benchmark report", ""]
     if results:
@@ -97,6 +122,7 @@ def _markdown(results: list[BenchResult]) -> str:
         systems = _systems(result)
         lines += ["", f"## {result['model']} on {result['target']}", ""]
         lines += _split_lines(result)
+        lines += _quantization_lines(result)
         lines += ["", "| shape | samples | " + " | ".join(f"{s} p50" for s in systems) + " | ratio |",
                   "|---|---|" + "---|" * len(systems) + "---|"]
         for row in result["per_shape"]:

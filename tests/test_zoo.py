@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from edgec import zoo
 from edgec.errors import EdgecError
-from edgec.zoo import control_flow, dynamic, light
+from edgec.zoo import control_flow, digits, dynamic, light
 
 # Light models with 60-140 M weights (240-575 MB files): each check takes seconds, so slow.
 _HEAVY = {"vgg19", "zfnet512", "bvlc_alexnet"}
@@ -173,7 +173,8 @@ def test_export_is_deterministic_and_seeded(name, tmp_path):
     other = _export_files(zoo.export(name, tmp_path / "c", seed=1, count=2))
     assert sorted(first) == ["model.onnx", "samples/sample_000.npz", "samples/sample_001.npz"]
     assert first == second
-    generated = not name.startswith("light_")
+    # Shipped models and trained ones (digits) have no seed-dependent part.
+    generated = not name.startswith("light_") and "trained" not in zoo.get(name).features
     assert (first["model.onnx"] != other["model.onnx"]) == generated
     assert first["samples/sample_000.npz"] != other["samples/sample_000.npz"]
     exported = onnx.load_from_string(first["model.onnx"])
@@ -347,3 +348,83 @@ def test_scan_rnn_matches_numpy_reference():
         np.testing.assert_allclose(last, expected[-1], atol=1e-5)
         lengths.append(len(sample["x"]))
     assert np.median(lengths) < 20 and len(set(lengths)) > 5
+
+
+# ---------------------------------------------------------------------------------------------
+# digits: a classifier with trained weights
+
+
+def test_digits_split_is_fixed_disjoint_and_covers_every_class():
+    train_x, train_y = digits.split("train")
+    held_x, held_y = digits.split("held_out")
+    assert train_x.shape == (1437, 1, 8, 8) and held_x.shape == (360, 1, 8, 8)
+    assert train_x.dtype == np.float32 and 0.0 <= train_x.min() and train_x.max() <= 1.0
+    assert set(held_y.tolist()) == set(range(10)) == set(train_y.tolist())
+    train_rows = {row.tobytes() for row in train_x}
+    # The UCI set has a few duplicate images; almost all held-out images are unseen.
+    assert sum(row.tobytes() in train_rows for row in held_x) <= 5
+    np.testing.assert_array_equal(digits.split("held_out")[1], held_y)
+
+
+def test_digits_weights_are_plain_arrays_without_subnormals():
+    with np.load(digits.WEIGHTS_FILE, allow_pickle=False) as weights:
+        assert sorted(weights.files) == sorted(
+            [f"{n}.{p}" for n, _, _ in digits.CONVS for p in "wb"] + ["head.w", "head.b"])
+        for key in weights.files:
+            array = weights[key]
+            assert array.dtype == np.float32 and np.isfinite(array).all()
+            tiny = np.finfo(np.float32).tiny
+            assert not ((np.abs(array) < tiny) & (array != 0)).any(), key
+
+
+def test_digits_held_out_accuracy_with_onnxruntime():
+    session = _make_session(_model("digits"))
+    correct = total = 0
+    for inputs, labels in digits.held_out_batches():
+        logits = session.run(None, inputs)[0]
+        correct += int((logits.argmax(-1) == labels).sum())
+        total += len(labels)
+    assert total == digits.HELD_OUT
+    assert correct / total >= 0.97  # 353/360 = 0.9806 when trained
+
+
+def test_digits_samples_come_from_the_training_split_and_export_held_out(tmp_path):
+    train_rows = {row.tobytes() for row in digits.split("train")[0]}
+    for sample in _samples("digits", 3):
+        assert sample["image"].shape == (digits.BATCH, 1, 8, 8)
+        assert all(row.tobytes() in train_rows for row in sample["image"])
+    folder, labels = digits.export_held_out(tmp_path / "held")
+    files = sorted(folder.glob("held_out_*.npz"))
+    assert len(files) == -(-digits.HELD_OUT // digits.BATCH) and len(labels) == digits.HELD_OUT
+    with np.load(files[0]) as first:
+        np.testing.assert_array_equal(first["image"], digits.held_out_batches()[0][0]["image"])
+
+
+@pytest.mark.slow
+def test_digits_int8_static_keeps_held_out_accuracy_within_a_point(tmp_path):
+    from edgec.build import build
+    from edgec.model import from_proto
+    from edgec.plan import plan
+    from edgec.profile import profile
+    from edgec.quantize import QuantizeSettings, build_guarded, quantize
+    from edgec.runtime import load
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    model = from_proto(_model("digits"), "digits")
+    target = load_target("x86_64")
+    samples = [Sample(f"s{i}", s) for i, s in enumerate(_samples("digits", 8))]
+    batches = digits.held_out_batches()
+    held_out = [Sample(f"h{i}", inputs) for i, (inputs, _) in enumerate(batches)]
+    prof = profile(model, samples)
+    the_plan = plan(model, prof, target)
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.01), held_out)
+    accuracies = {}
+    for name, artifact in (("fp32", build(model, the_plan, [target])),
+                           ("int8", build_guarded(model, the_plan, [target], quant, held_out))):
+        compiled = load(artifact.save(tmp_path / f"{name}.edgec"))
+        hits = [compiled.run(inputs)["logits"].argmax(-1) == labels for inputs, labels in batches]
+        accuracies[name] = float(np.mean(np.concatenate(hits)))
+    assert quant.active
+    assert accuracies["fp32"] >= 0.97
+    assert abs(accuracies["fp32"] - accuracies["int8"]) <= 0.01

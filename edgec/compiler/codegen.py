@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import tvm
 import tvm_ffi
@@ -30,6 +31,10 @@ from ..targets import Target
 from . import native, runtime_kernels
 from .codegen_cuda import CUDACodegen
 from .library_dispatch import DispatchRules, dispatch_with_stats
+
+
+# A module rewrite run after library dispatch, returning the native addons its calls need.
+LibraryRewrite = Callable[[tvm.IRModule, Target], "tuple[tvm.IRModule, list[native.NativeAddon]]"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,16 @@ class LLVMCodegen:
         except Exception as exc:  # TVM validates target attributes with its own error types
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
-    def prepare(self, mod: tvm.IRModule, target: Target) -> PreparedModule:
+    def prepare(self, mod: tvm.IRModule, target: Target,
+                library_rewrite: LibraryRewrite | None = None) -> PreparedModule:
         """``mod`` with library calls in place, before TVM legalizes and schedules the rest.
 
         With ``[libraries] dnnl = true`` in the target file, convolutions and matmuls go to
         oneDNN through edgec's shim, linked into the library; the library then needs
         ``libdnnl.so.2`` on the device, which ``native_dependencies`` records. ``edgec tune``
         starts from this module too, so it tunes exactly the kernels TVM still generates.
+        ``library_rewrite`` (quantization's hook) rewrites the module right after library
+        dispatch and returns the native code its calls need.
         """
         mod = _fusable(mod)
         addons: list[native.NativeAddon] = []
@@ -81,6 +89,9 @@ class LLVMCodegen:
                     f"library dispatch for '{target.name}' failed: {describe(exc)}") from None
             if stats.calls:
                 addons.append(shim)
+        if library_rewrite is not None:
+            mod, extra = library_rewrite(mod, target)
+            addons += extra
         uses_dnnl = bool(addons)
         # After library dispatch: this legalizes, which would hide convolutions from it.
         mod, kernels = runtime_kernels.redirect(mod)
@@ -90,7 +101,8 @@ class LLVMCodegen:
         # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
         return PreparedModule(mod, addons, parallel=not uses_dnnl)
 
-    def compile(self, mod: tvm.IRModule, target: Target) -> CompiledLibrary:
+    def compile(self, mod: tvm.IRModule, target: Target,
+                library_rewrite: LibraryRewrite | None = None) -> CompiledLibrary:
         """Compile ``mod`` for ``target`` and link it into one shared library.
 
         Kernels that the target's tuning database (``edgec tune``) has records for take their
@@ -103,7 +115,7 @@ class LLVMCodegen:
                 f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
                 f"installed; install it ({_debian_cross_package(target.cross_compiler)})"
             )
-        prepared = self.prepare(mod, target)
+        prepared = self.prepare(mod, target, library_rewrite)
         addons = prepared.addons
         database = tuning_database(target)
         applied = _AppliedCount()

@@ -161,10 +161,13 @@ class CUDACodegen:
         except Exception as exc:  # TVM validates target attributes with its own error types
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
 
-    def compile(self, mod: tvm.IRModule, target: Target):
+    def compile(self, mod: tvm.IRModule, target: Target, library_rewrite=None):
         """Compile ``mod`` for ``target`` (kernels on the GPU) and link one shared library."""
         from .codegen import CompiledLibrary, _fusable  # codegen imports this module
 
+        if library_rewrite is not None:
+            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's, for "
+                               f"x86 CPU targets; build '{target.name}' without --quantize")
         tvm_target = self.tvm_target(target)
         nvcc = find_nvcc()
         if target.libraries.get("dnnl", False):

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from edgec.errors import EdgecError
-from edgec.zoo import control_flow, dynamic, light, static
+from edgec.zoo import control_flow, digits, dynamic, light, static
 
 Samples = list[dict[str, np.ndarray]]
 
@@ -60,6 +60,9 @@ def _registry() -> dict[str, ZooModel]:
     models = [
         ZooModel("cnn", "static", "small CNN classifier, [1,3,32,32] image to 10 logits",
                  static.make_cnn, static.cnn_samples, 8, ()),
+        ZooModel("digits", "dynamic",
+                 "trained CNN classifier for 8x8 handwritten digits, [batch,1,8,8] to 10 logits",
+                 digits.make_digits, digits.digits_samples, 16, ("dynamic-shape", "trained")),
         ZooModel("transformer", "dynamic",
                  "2-layer transformer encoder (d_model 64, 4 heads), dynamic batch and sequence",
                  dynamic.make_transformer, dynamic.transformer_samples, 24, ("dynamic-shape",)),

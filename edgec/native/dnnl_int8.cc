@@ -1,0 +1,519 @@
+// oneDNN kernels for quantized layers of edgec model libraries (edgec/quantize/kernels.py writes
+// the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x).
+//
+// Weights arrive as int8 with one float scale per output channel (symmetric, zero point 0):
+//
+//   edgec_q8_dense_w8(x[..., K] f32, w[K, N] s8, w_scale[N], b[N], flags, wid, out[..., N])
+//   edgec_q8_dense_i8(x, w, w_scale, b, x_scale, x_zero, flags, wid, out)
+//   edgec_q8_conv2d_w8(x, w[O, I, KH, KW] s8, w_scale[O], b[O], sh, sw, pt, pl, pb, pr, dh, dw,
+//                      groups, flags, wid, out)
+//   edgec_q8_conv2d_i8(x, w, w_scale, b, x_scale, x_zero, <ints as conv2d_w8>, out)
+//
+// `_w8` (weight-only): the weight is dequantized and packed for the fp32 primitive on its first
+// call, once per weight id, so the library stores one byte per weight and every later call
+// costs what fp32 costs. `_i8`: the activation is quantized to u8 (x_scale, x_zero: calibrated,
+// static; x_scale <= 0: from this call's min and max, dynamic) and the primitive multiplies u8 by
+// s8 with s32 accumulation (AVX512-VNNI / AVX2 VNNI kernels where the CPU has them), writing f32
+// out = out_scale[n] * (acc - x_zero * sum_k w) + b. Activations are NCHW, NCHW8c, NCHW16c or
+// NHWC-as-[N,1,H,W,C] as in dnnl_shim.cc.
+
+#include <dlpack/dlpack.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using dnnl::memory;
+using tag = dnnl::memory::format_tag;
+using dt = dnnl::memory::data_type;
+
+constexpr int64_t kRelu = 1;  // shared with library_dispatch.py's FLAG_RELU
+
+dnnl::engine& Engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+void Check(const DLTensor* t, int code, int bits, const char* what) {
+  if (t->device.device_type != kDLCPU) {
+    TVM_FFI_THROW(ValueError) << "edgec int8: " << what << " is not on the CPU";
+  }
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
+    TVM_FFI_THROW(ValueError) << "edgec int8: " << what << " has the wrong dtype";
+  }
+}
+
+template <typename T>
+T* Data(const DLTensor* t) {
+  return reinterpret_cast<T*>(static_cast<char*>(t->data) + t->byte_offset);
+}
+
+int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
+
+memory::desc ActivationDesc(const DLTensor* t, dt type, const char* what) {
+  if (t->ndim == 4) return memory::desc(Dims(t), type, tag::nchw);
+  if (t->ndim == 5) {
+    memory::dims dims = {t->shape[0], t->shape[1] * t->shape[4], t->shape[2], t->shape[3]};
+    if (t->shape[4] == 8) return memory::desc(dims, type, tag::nChw8c);
+    if (t->shape[4] == 16) return memory::desc(dims, type, tag::nChw16c);
+    if (t->shape[1] == 1) return memory::desc(dims, type, tag::nhwc);
+  }
+  TVM_FFI_THROW(ValueError) << "edgec int8: " << what
+                            << " must be NCHW, NCHW8c, NCHW16c, or NHWC as [N, 1, H, W, C]";
+  return memory::desc();
+}
+
+dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
+  return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
+}
+
+// A per-thread byte buffer of at least `bytes`.
+void* Scratch(int slot, size_t bytes) {
+  thread_local std::vector<uint8_t> buffers[3];
+  std::vector<uint8_t>& buffer = buffers[slot];
+  if (buffer.size() < bytes + 64) buffer.resize(bytes + 64);
+  uintptr_t p = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
+}
+
+// Activation quantization parameters: the calibrated ones, or (scale <= 0) this tensor's range,
+// widened to hold 0 so that zero (padding) is exact.
+void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* scale,
+            int32_t* zero) {
+  if (scale_in > 0) {
+    *scale = static_cast<float>(scale_in);
+    *zero = static_cast<int32_t>(zero_in);
+    return;
+  }
+  float lo = 0.f, hi = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  float s = (hi - lo) / 255.f;
+  if (!(s > 0.f)) s = 1.f;
+  *scale = s;
+  *zero = static_cast<int32_t>(std::nearbyint(-lo / s));
+}
+
+void Quantize(const float* x, int64_t n, float scale, int32_t zero, uint8_t* q) {
+  const float inv = 1.f / scale;
+  const float z = static_cast<float>(zero);
+  // Round half up by truncation after clamping (no libm call, so the loop vectorizes).
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] * inv + z + 0.5f;
+    v = v < 0.f ? 0.f : (v > 255.f ? 255.f : v);
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+  }
+}
+
+// Packed weights by (weight id, layout): dequantized to f32 (weight-only) or kept s8.
+memory PackWeights(int64_t id, const memory::desc& packed_md, const int8_t* w,
+                   const float* w_scale, const memory::desc& user_md, int64_t channels,
+                   int channel_axis_stride_outer, bool dequantize) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, memory> cache;
+  std::string key = std::to_string(id) + (dequantize ? "/f/" : "/q/") +
+                    std::string(reinterpret_cast<const char*>(&packed_md.data),
+                                sizeof(packed_md.data));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+  }
+  memory packed(packed_md, Engine());
+  const int64_t total = static_cast<int64_t>(user_md.get_size()) /
+                        static_cast<int64_t>(dequantize ? sizeof(float) : sizeof(int8_t));
+  if (dequantize) {
+    // channel_axis_stride_outer: 1 when the channel is the last axis ([K, N]), 0 when it is
+    // the first ([O, ...]).
+    std::vector<float> plain(total);
+    const int64_t inner = total / channels;
+    for (int64_t i = 0; i < total; ++i) {
+      int64_t c = channel_axis_stride_outer ? i % channels : i / inner;
+      plain[i] = static_cast<float>(w[i]) * w_scale[c];
+    }
+    memory user(user_md, Engine(), plain.data());
+    Reorder(user_md, packed_md).execute(Stream(), user, packed);
+    Stream().wait();
+  } else {
+    memory user(user_md, Engine(), const_cast<int8_t*>(w));
+    Reorder(user_md, packed_md).execute(Stream(), user, packed);
+    Stream().wait();
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  return cache.emplace(key, packed).first->second;
+}
+
+// A primitive's packed weights by id: the fast path, without building PackWeights' string key.
+struct WeightSlot {
+  std::mutex mutex;
+  std::unordered_map<int64_t, memory> by_id;
+
+  template <typename Pack>
+  memory Get(int64_t id, Pack pack) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = by_id.find(id);
+      if (it != by_id.end()) return it->second;
+    }
+    memory weights = pack();
+    std::lock_guard<std::mutex> lock(mutex);
+    return by_id.emplace(id, weights).first->second;
+  }
+};
+
+template <typename Entry>
+class PrimitiveCache {
+ public:
+  template <typename Make>
+  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return it->second;
+    }
+    std::shared_ptr<Entry> entry = make();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cache_.size() >= kMaxEntries) cache_.clear();
+    return cache_.emplace(key, entry).first->second;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      size_t h = 1469598103934665603ull;
+      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+      return h;
+    }
+  };
+  std::mutex mutex_;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
+};
+
+void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
+  key->push_back(t->ndim);
+  key->insert(key->end(), t->shape, t->shape + t->ndim);
+}
+
+int64_t FloatBits(float v) {
+  int32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense
+
+struct DenseEntry {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  WeightSlot weights;
+  std::vector<float> out_scales;
+};
+
+// Output scales must be fixed when the primitive is made: with run-time scales oneDNN 2.6 drops
+// from its brgemm (AMX / VNNI) matmul to a generic GEMM that repacks the weights on every call
+// (measured 2x slower than fp32 on the zoo transformer). Static layers fix x_scale * w_scale and
+// the zero point; dynamic ones fix w_scale only, with no bias or relu in the primitive, and this
+// function applies the call's x_scale, then the bias and relu, to the output.
+void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
+           double x_scale_in, int64_t x_zero_in, int64_t flags, int64_t weight_id,
+           DLTensor* dst) {
+  Check(src, kDLFloat, 32, "dense data");
+  Check(weight, kDLInt, 8, "dense weight");
+  Check(w_scale, kDLFloat, 32, "dense weight scale");
+  Check(bias, kDLFloat, 32, "dense bias");
+  Check(dst, kDLFloat, 32, "dense output");
+  if (weight->ndim != 2 || src->ndim < 1 || src->shape[src->ndim - 1] != weight->shape[0]) {
+    TVM_FFI_THROW(ValueError) << "edgec int8: dense needs data [..., K] and weight [K, N]";
+  }
+  const int64_t k = weight->shape[0], n = weight->shape[1];
+  int64_t m = 1;
+  for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
+  if (m == 0 || n == 0) return;
+  const bool dynamic = int8 && !(x_scale_in > 0);
+  const float* w_scales = Data<float>(w_scale);
+  const float* x = Data<float>(src);
+  float* out = Data<float>(dst);
+  float x_scale = static_cast<float>(x_scale_in);
+  int32_t x_zero = static_cast<int32_t>(x_zero_in);
+  if (dynamic) Params(x, m * k, 0.0, 0, &x_scale, &x_zero);
+
+  std::vector<int64_t> key = {m, k, n, flags, int8 + dynamic};
+  if (int8) key.insert(key.end(), {weight_id, dynamic ? 0 : FloatBits(x_scale), dynamic ? 0 : x_zero});
+  static PrimitiveCache<DenseEntry> cache;
+  auto entry = cache.Get(key, [&]() {
+    auto entry = std::make_shared<DenseEntry>();
+    dnnl::post_ops ops;
+    if ((flags & kRelu) && !dynamic) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    dt src_t = dt::f32, w_t = dt::f32;
+    if (int8) {
+      src_t = dt::u8;
+      w_t = dt::s8;
+      entry->out_scales.assign(w_scales, w_scales + n);
+      if (!dynamic) {
+        for (float& v : entry->out_scales) v *= x_scale;
+      }
+      attr.set_output_scales(1 << 1, entry->out_scales);
+      attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    }
+    dnnl::matmul::desc desc = dynamic
+        ? dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                             memory::desc({m, n}, dt::f32, tag::ab))
+        : dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                             memory::desc({1, n}, dt::f32, tag::ab),
+                             memory::desc({m, n}, dt::f32, tag::ab));
+    entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
+    entry->primitive = dnnl::matmul(entry->pd);
+    return entry;
+  });
+  const auto& pd = entry->pd;
+  memory weights = entry->weights.Get(weight_id, [&]() {
+    return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
+                       memory::desc({k, n}, int8 ? dt::s8 : dt::f32, tag::ab), n, 1, !int8);
+  });
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_WEIGHTS, weights},
+      {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), out)},
+  };
+  const float* b = Data<float>(bias);
+  std::vector<float> scaled_bias;
+  if (!int8) {
+    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), const_cast<float*>(x)));
+    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), const_cast<float*>(b)));
+  } else {
+    uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
+    Quantize(x, m * k, x_scale, x_zero, q);
+    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
+    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
+                 memory({{1}, dt::s32, tag::x}, Engine(), &x_zero));
+    if (!dynamic) {
+      // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
+      scaled_bias.resize(n);
+      for (int64_t j = 0; j < n; ++j) scaled_bias[j] = b[j] / entry->out_scales[j];
+      args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), scaled_bias.data()));
+    }
+  }
+  entry->primitive.execute(Stream(), args);
+  Stream().wait();
+  if (dynamic) {
+    const bool relu = flags & kRelu;
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = out + i * n;
+      for (int64_t j = 0; j < n; ++j) {
+        float v = row[j] * x_scale + b[j];
+        row[j] = relu && v < 0.f ? 0.f : v;
+      }
+    }
+  }
+}
+
+void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t flags,
+             int64_t weight_id, DLTensor* dst) {
+  try {
+    Dense(src, weight, w_scale, bias, false, 0.0, 0, flags, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 dense: " << e.what();
+  }
+}
+
+void DenseI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, double x_scale,
+             int64_t x_zero, int64_t flags, int64_t weight_id, DLTensor* dst) {
+  try {
+    Dense(src, weight, w_scale, bias, true, x_scale, x_zero, flags, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 dense: " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convolution
+
+struct ConvEntry {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward primitive;
+  memory::desc user_src, user_dst, user_weights;
+  bool reorder_src = false, reorder_dst = false;
+  dnnl::reorder src_in, dst_out;
+  std::vector<float> out_scales;
+  WeightSlot weights;
+};
+
+// attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
+std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
+                                    const float* w_scale, bool int8, float x_scale,
+                                    int32_t x_zero, const int64_t* a, const DLTensor* dst) {
+  const dt src_t = int8 ? dt::u8 : dt::f32;
+  const dt w_t = int8 ? dt::s8 : dt::f32;
+  memory::desc user_src = ActivationDesc(src, dt::f32, "conv2d data");
+  memory::desc user_dst = ActivationDesc(dst, dt::f32, "conv2d output");
+  const int64_t groups = a[8], flags = a[9];
+  memory::dims w = Dims(weight);  // O, I/groups, KH, KW
+  memory::dims wdims = w;
+  memory::desc user_weights(w, w_t, tag::oihw);
+  if (groups > 1) {
+    wdims = {groups, w[0] / groups, w[1], w[2], w[3]};
+    user_weights = memory::desc(wdims, w_t, tag::goihw);
+  }
+  auto entry = std::make_shared<ConvEntry>();
+  dnnl::primitive_attr attr;
+  dnnl::post_ops ops;
+  if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+  attr.set_post_ops(ops);
+  if (int8) {
+    // Fixed per layer (calibrated), so they are attributes of the primitive, not run-time args.
+    entry->out_scales.resize(w[0]);
+    for (int64_t o = 0; o < w[0]; ++o) entry->out_scales[o] = x_scale * w_scale[o];
+    attr.set_output_scales(1 << 1, entry->out_scales);
+    if (x_zero != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zero});
+  }
+  auto make = [&](const memory::desc& dst_md) {
+    dnnl::convolution_forward::desc desc(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(user_src.dims(), src_t, tag::any), memory::desc(wdims, w_t, tag::any),
+        memory::desc({w[0]}, dt::f32, tag::x), dst_md, {a[0], a[1]}, {a[6] - 1, a[7] - 1},
+        {a[2], a[3]}, {a[4], a[5]});
+    return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
+  };
+  // Writing the caller's layout directly saves a reorder per call, unless only the reference
+  // kernel takes it.
+  entry->pd = make(user_dst);
+  if (std::string(entry->pd.impl_info_str()).rfind("ref", 0) == 0) {
+    entry->pd = make(memory::desc(user_dst.dims(), dt::f32, tag::any));
+  }
+  entry->primitive = dnnl::convolution_forward(entry->pd);
+  entry->user_src = user_src;
+  entry->user_dst = user_dst;
+  entry->user_weights = user_weights;
+  entry->reorder_src = entry->pd.src_desc() != user_src;
+  entry->reorder_dst = entry->pd.dst_desc() != user_dst;
+  if (int8) {
+    // Quantize and change layout in one reorder: q = x / x_scale + x_zero, saturated to u8.
+    dnnl::primitive_attr quant;
+    quant.set_output_scales(0, {1.f / x_scale});
+    if (x_zero != 0) quant.set_zero_points(DNNL_ARG_DST, 0, {x_zero});
+    entry->src_in = dnnl::reorder(dnnl::reorder::primitive_desc(
+        Engine(), user_src, Engine(), entry->pd.src_desc(), quant));
+  } else if (entry->reorder_src) {
+    entry->src_in = Reorder(user_src, entry->pd.src_desc());
+  }
+  if (entry->reorder_dst) entry->dst_out = Reorder(entry->pd.dst_desc(), user_dst);
+  return entry;
+}
+
+void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
+            double x_scale_in, int64_t x_zero_in, const int64_t* attrs, int64_t weight_id,
+            DLTensor* dst) {
+  Check(src, kDLFloat, 32, "conv2d data");
+  Check(weight, kDLInt, 8, "conv2d weight");
+  Check(w_scale, kDLFloat, 32, "conv2d weight scale");
+  Check(bias, kDLFloat, 32, "conv2d bias");
+  Check(dst, kDLFloat, 32, "conv2d output");
+  if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec int8: conv2d weight must be OIHW";
+  if (Numel(src) == 0 || Numel(dst) == 0) return;
+  if (int8 && !(x_scale_in > 0)) {
+    TVM_FFI_THROW(ValueError) << "edgec int8: conv2d needs a calibrated activation scale";
+  }
+  const float x_scale = static_cast<float>(x_scale_in);
+  const int32_t x_zero = static_cast<int32_t>(x_zero_in);
+
+  std::vector<int64_t> key(attrs, attrs + 10);
+  key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero});
+  AppendShape(&key, src);
+  AppendShape(&key, weight);
+  AppendShape(&key, dst);
+  static PrimitiveCache<ConvEntry> cache;
+  const float* w_scales = Data<float>(w_scale);
+  auto entry = cache.Get(key, [&]() {
+    return MakeConv(src, weight, w_scales, int8, x_scale, x_zero, attrs, dst);
+  });
+  const auto& pd = entry->pd;
+  dnnl::stream& stream = Stream();
+  memory weights = entry->weights.Get(weight_id, [&]() {
+    return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
+                       entry->user_weights, weight->shape[0], 0, !int8);
+  });
+  memory src_m(entry->user_src, Engine(), Data<float>(src));
+  memory dst_m(entry->user_dst, Engine(), Data<float>(dst));
+  memory src_p = src_m, dst_p = dst_m;
+  if (int8 || entry->reorder_src) {
+    src_p = memory(pd.src_desc(), Engine(), Scratch(1, pd.src_desc().get_size()));
+    entry->src_in.execute(stream, src_m, src_p);
+  }
+  if (entry->reorder_dst) {
+    dst_p = memory(pd.dst_desc(), Engine(), Scratch(2, pd.dst_desc().get_size()));
+  }
+  float* bias_data = Data<float>(bias);
+  std::vector<float> scaled_bias;
+  if (int8) {
+    // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
+    scaled_bias.resize(entry->out_scales.size());
+    for (size_t o = 0; o < scaled_bias.size(); ++o) {
+      scaled_bias[o] = bias_data[o] / entry->out_scales[o];
+    }
+    bias_data = scaled_bias.data();
+  }
+  entry->primitive.execute(stream, {{DNNL_ARG_SRC, src_p},
+                                    {DNNL_ARG_WEIGHTS, weights},
+                                    {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), bias_data)},
+                                    {DNNL_ARG_DST, dst_p}});
+  if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);
+  stream.wait();
+}
+
+void Conv2dW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t sh,
+              int64_t sw, int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t dh, int64_t dw,
+              int64_t groups, int64_t flags, int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
+  try {
+    Conv2d(src, weight, w_scale, bias, false, 0.0, 0, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d: " << e.what();
+  }
+}
+
+void Conv2dI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, double x_scale,
+              int64_t x_zero, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb,
+              int64_t pr, int64_t dh, int64_t dw, int64_t groups, int64_t flags,
+              int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
+  try {
+    Conv2d(src, weight, w_scale, bias, true, x_scale, x_zero, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d: " << e.what();
+  }
+}
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_w8, DenseW8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_i8, DenseI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_w8, Conv2dW8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_i8, Conv2dI8);

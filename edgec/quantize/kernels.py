@@ -1,0 +1,152 @@
+"""Quantized layers in the compiled program: oneDNN int8 calls and int8 embedding tables.
+
+The codegen calls :func:`library_rewrite`'s result right after library dispatch
+(``LLVMCodegen.compile(..., library_rewrite=...)``). It rewrites
+
+- ``edgec_dnnl_dense`` / ``edgec_dnnl_conv2d`` calls whose (folded) weight belongs to a quantized
+  layer into the ``edgec_q8_*`` functions of ``edgec/native/dnnl_int8.cc``, with the weight as an
+  int8 constant and its per-channel scales (the argument lists are in that file);
+- ``take`` from a quantized embedding table into ``take`` from the int8 table, cast and scaled
+  per row, so only the gathered rows are dequantized.
+
+Weights therefore stay int8 in the library. Constant folding cannot turn them back into fp32:
+nothing in the program computes on the int8 constant alone (the dense/conv kernels receive it
+as an argument of an opaque call; the table is only read through run-time indices).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from ..compiler import native
+from ..compiler.codegen import LibraryRewrite
+from ..compiler.library_dispatch import _constant, _weight_id
+from ..compiler.runtime_kernels import rewrite_functions
+from ..targets import Target
+from . import schemes
+from .layers import Layer, find_layers, initializer_arrays
+
+_CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
+_TAKE = tvm.ir.Op.get("relax.take")
+_FP32_DENSE, _FP32_CONV = "edgec_dnnl_dense", "edgec_dnnl_conv2d"
+
+
+
+def int8_addon(compiler: str = "g++") -> native.NativeAddon:
+    """``edgec/native/dnnl_int8.cc`` compiled like the fp32 shim (cached by content hash).
+
+    It links against oneDNN but needs no run-time library the fp32 shim does not: a model with
+    quantized layers always has the shim's calls too (the rewrite starts from them).
+    """
+    obj = native._compile_object(native.NATIVE_DIR / "dnnl_int8.cc", compiler,
+                                 missing_header_hint=native.DNNL_INSTALL_HINT, header="dnnl.hpp")
+    native._check_library(compiler, "dnnl", native.DNNL_INSTALL_HINT)
+    return native.NativeAddon("dnnl_int8", (str(obj),), ("-ldnnl",), ())
+
+
+class _Quantized:
+    """The int8 form of one layer's weight, made once per layer however many functions use it
+    (shape specializations copy the program): one constant object, so one copy in the library."""
+
+    def __init__(self, layer: Layer, precision: str, array: np.ndarray, scheme: str,
+                 activation: dict[str, Any] | None) -> None:
+        self.layer, self.precision, self.activation = layer, precision, activation
+        if layer.kind == "embedding":
+            q, scale, zero = schemes.quantize_rows(array, scheme)
+            self.table = relax.const(q)
+            self.scale = relax.const(scale.reshape(-1, 1))
+            self.zero = relax.const(zero.astype(np.float32).reshape(-1, 1)) if zero.any() else None
+        else:
+            axis = 1 if layer.kind == "dense" else 0  # of the compiled weight: [K, N] or OIHW
+            q, scale = schemes.quantize_weight(array, axis)
+            self.weight = relax.const(q)
+            self.scale = relax.const(scale)
+            self.weight_id = _weight_id(q, scale)
+        self.uses = 0
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, by_id: dict[int, _Quantized]) -> None:
+        super().__init__(mod)
+        self.by_id = by_id
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if call.op.same_as(_CALL_DPS_PACKED) and isinstance(call.args[0], relax.ExternFunc):
+            name = call.args[0].global_symbol
+            if name in (_FP32_DENSE, _FP32_CONV):
+                return self._library_call(call, name)
+        elif (call.op.same_as(_TAKE) and call.attrs.axis is not None
+              and int(call.attrs.axis) == 0):  # axis None would index the flattened table
+            return self._embedding(call)
+        return call
+
+    def _find(self, expr: relax.Expr) -> _Quantized | None:
+        array = _constant(expr)
+        if array is None or array.dtype != np.float32:
+            return None
+        return self.by_id.get(_weight_id(array))
+
+    def _library_call(self, call: relax.Call, name: str) -> relax.Expr:
+        args = list(call.args[1].fields)
+        found = self._find(args[1])
+        if found is None or found.precision == "fp32":
+            return call
+        found.uses += 1
+        x, bias, ints = args[0], args[2], args[3:-1]
+        wid = relax.prim_value(found.weight_id)
+        quant: list[relax.Expr] = []
+        suffix = "w8"
+        if found.precision in ("int8-static", "int8-dynamic"):
+            suffix = "i8"
+            act = found.activation or {"scale": 0.0, "zero": 0}  # scale 0: per call (dynamic)
+            quant = [relax.prim_value(float(act["scale"]), "float64"),
+                     relax.prim_value(int(act["zero"]))]
+        kind = "dense" if name == _FP32_DENSE else "conv2d"
+        new_args = [x, found.weight, found.scale, bias, *quant, *ints, wid]
+        return relax.call_dps_packed(f"edgec_q8_{kind}_{suffix}", new_args, call.ty_args[0])
+
+    def _embedding(self, call: relax.Call) -> relax.Expr:
+        found = self._find(call.args[0])
+        if found is None or found.layer.kind != "embedding" or found.precision == "fp32":
+            return call
+        found.uses += 1
+        indices = call.args[1]
+        emit = self.builder_.emit
+        rows = emit(relax.op.astype(emit(relax.op.take(found.table, indices, axis=0)), "float32"))
+        if found.zero is not None:
+            rows = emit(relax.op.subtract(rows, emit(relax.op.take(found.zero, indices, axis=0))))
+        return relax.op.multiply(rows, emit(relax.op.take(found.scale, indices, axis=0)))
+
+
+def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]],
+                    scheme: str, found: dict[str, int] | None = None) -> LibraryRewrite:
+    """The codegen hook for a model's quantization decisions (layer name -> ``precision`` and,
+    for static layers, ``activation``). ``found``, when given, receives per layer how many calls
+    of the compiled program it rewrote (0: the layer was not found there and stays fp32)."""
+    arrays = initializer_arrays(proto)
+
+    def rewrite(mod: tvm.IRModule, target: Target) -> tuple[tvm.IRModule, list[native.NativeAddon]]:
+        by_id: dict[int, _Quantized] = {}
+        for layer in find_layers(proto):
+            decision = decisions.get(layer.name)
+            if decision is None or decision["precision"] == "fp32":
+                continue
+            compiled = layer.compiled_weight(arrays[layer.weight])
+            by_id[_weight_id(compiled)] = _Quantized(
+                layer, decision["precision"], compiled, scheme, decision.get("activation"))
+        mutator = _Rewrite(mod, by_id)
+        mod = rewrite_functions(mutator, mod)
+        uses_library = any(q.uses for q in by_id.values() if q.layer.kind != "embedding")
+        if found is not None:
+            for quantized in by_id.values():
+                found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
+        return mod, [int8_addon(target.cross_compiler or "g++")] if uses_library else []
+
+    return rewrite

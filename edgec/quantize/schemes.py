@@ -1,0 +1,93 @@
+"""The arithmetic of edgec's int8 schemes, in numpy: the kernels and the simulation share it.
+
+Weights: int8, symmetric (zero point 0), one scale per output channel, ``scale = absmax / 127``
+(oneDNN's s8 weights need zero point 0). Embedding tables (Gather) use one scale per row and,
+with the asymmetric scheme, one zero point per row too.
+
+Activations: uint8 with a zero point, ``real = scale * (q - zero)``. Asymmetric: the calibrated
+range [lo, hi], widened to hold 0 so that zero (padding) is exact, spread over 0..255. Symmetric:
+``scale = absmax / 127`` and zero point 128. The range comes from the profile: ``minmax`` takes the
+observed min and max, ``percentile`` clips both to the 99.9th percentile of |x| (robust to rare
+outliers, which would otherwise waste most of the 256 levels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CALIBRATIONS = ("percentile", "minmax")
+SCHEMES = ("asymmetric", "symmetric")
+
+
+def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` as int8 with one symmetric scale per index of ``axis``: (int8 array, float32 scales)."""
+    moved = np.moveaxis(w.astype(np.float32), axis, 0)
+    absmax = np.abs(moved.reshape(moved.shape[0], -1)).max(axis=1)
+    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize_weight(q: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
+    shape = [1] * q.ndim
+    shape[axis] = -1
+    return (q.astype(np.float32) * scale.reshape(shape)).astype(np.float32)
+
+
+def quantize_rows(table: np.ndarray, scheme: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A [rows, ...] table as int8 per row: (int8 table, float32 scale [rows], int8 zero [rows]).
+
+    Symmetric: zero 0, ``scale = absmax / 127``. Asymmetric: the row's [min, max] over -128..127.
+    """
+    flat = table.reshape(table.shape[0], -1).astype(np.float32)
+    if scheme == "symmetric":
+        q, scale = quantize_weight(flat, 0)
+        return q.reshape(table.shape), scale, np.zeros(len(scale), np.int8)
+    lo, hi = np.minimum(flat.min(axis=1), 0.0), np.maximum(flat.max(axis=1), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / 255.0, 1.0).astype(np.float32)
+    zero = np.clip(np.rint(-128.0 - lo / scale), -128, 127).astype(np.int8)
+    q = np.clip(np.rint(flat / scale[:, None]) + zero[:, None], -128, 127).astype(np.int8)
+    return q.reshape(table.shape), scale, zero
+
+
+def dequantize_rows(q: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    shape = (-1,) + (1,) * (q.ndim - 1)
+    return ((q.astype(np.float32) - zero.astype(np.float32).reshape(shape))
+            * scale.reshape(shape)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class ActivationParams:
+    """uint8 quantization of one activation: ``real = scale * (q - zero)``."""
+
+    scale: float
+    zero: int
+
+    def to_json(self) -> dict[str, float]:
+        return {"scale": self.scale, "zero": self.zero}
+
+
+def activation_params(observed: dict[str, float], calibration: str,
+                      scheme: str) -> ActivationParams:
+    """uint8 parameters for an activation whose profiled range is ``observed`` (the profile's
+    ``min``, ``max`` and ``absmax_p999``)."""
+    lo, hi = float(observed["min"]), float(observed["max"])
+    if calibration == "percentile":
+        clip = float(observed["absmax_p999"])
+        lo, hi = max(lo, -clip), min(hi, clip)
+    if scheme == "symmetric":
+        absmax = max(abs(lo), abs(hi))
+        return ActivationParams(absmax / 127.0 if absmax > 0 else 1.0, 128)
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    return ActivationParams(scale, int(np.clip(np.rint(-lo / scale), 0, 255)))
+
+
+def fake_quantize(x: np.ndarray, params: ActivationParams) -> np.ndarray:
+    """``x`` through uint8 and back, as the kernels see it."""
+    q = np.clip(np.rint(x / params.scale) + params.zero, 0, 255)
+    return ((q - params.zero) * params.scale).astype(np.float32)

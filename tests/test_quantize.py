@@ -1,0 +1,428 @@
+"""Tests of the quantize stage: the int8 arithmetic, the simulation the guard ranks layers with,
+the compiled int8 kernels against fp32, the guard keeping layers in fp32, and the manifest."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgec.build import build
+from edgec.cli import main
+from edgec.errors import CompileError, EdgecError, SamplesError
+from edgec.model import from_proto
+from edgec.plan import plan
+from edgec.profile import profile
+from edgec.quantize import (QuantizeSettings, Quantization, build_guarded, held_out_split,
+                            quantize)
+from edgec.quantize import accuracy, schemes, simulate
+from edgec.quantize.layers import PRECISIONS, find_layers
+from edgec.reference import reference_session
+from edgec.runtime import load
+from edgec.samples import Sample
+from edgec.targets import load_target
+
+from conftest import write_samples
+
+TARGET = "x86_64"
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def embed_mlp(vocab: int = 64, dim: int = 32) -> onnx.ModelProto:
+    """ids[1, 6] -> Gather(table) -> MatMul+Add -> Relu -> MatMul+Add -> hidden[1, 6, 16]."""
+    rng = np.random.default_rng(0)
+    inits = {
+        "table": rng.standard_normal((vocab, dim)), "w1": rng.standard_normal((dim, 48)) / 6,
+        "b1": rng.standard_normal(48) * 0.1, "w2": rng.standard_normal((48, 16)) / 7,
+        "b2": rng.standard_normal(16) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"], name="embed", axis=0),
+        helper.make_node("MatMul", ["e", "w1"], ["m1"], name="fc1"),
+        helper.make_node("Add", ["m1", "b1"], ["a1"], name="fc1.bias"),
+        helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+        helper.make_node("MatMul", ["r1", "w2"], ["m2"], name="fc2"),
+        helper.make_node("Add", ["m2", "b2"], ["hidden"], name="fc2.bias"),
+    ]
+    graph = helper.make_graph(
+        nodes, "embed_mlp", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, 6, 16])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return _model(graph)
+
+
+def embed_samples(count: int, seed: int, vocab: int = 64) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    return [Sample(f"s{i}", {"ids": rng.integers(0, vocab, (1, 6)).astype(np.int64)})
+            for i in range(count)]
+
+
+def small_cnn() -> onnx.ModelProto:
+    """image[4, 3, 8, 8] -> Conv+Relu (8) -> Conv+Relu (16) -> GAP -> Gemm -> logits[4, 10]."""
+    rng = np.random.default_rng(1)
+    inits = {
+        "c1.w": rng.standard_normal((8, 3, 3, 3)) / 5, "c1.b": rng.standard_normal(8) * 0.1,
+        "c2.w": rng.standard_normal((16, 8, 3, 3)) / 8, "c2.b": rng.standard_normal(16) * 0.1,
+        "fc.w": rng.standard_normal((10, 16)) / 4, "fc.b": rng.standard_normal(10) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["image", "c1.w", "c1.b"], ["c1"], name="conv1", pads=[1] * 4),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "c2.w", "c2.b"], ["c2"], name="conv2", pads=[1] * 4),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten", axis=1),
+        helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "small_cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [4, 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [4, 10])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return _model(graph)
+
+
+def cnn_samples(count: int, seed: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    return [Sample(f"s{i}", {"image": rng.standard_normal((4, 3, 8, 8)).astype(np.float32)})
+            for i in range(count)]
+
+
+def _setup(proto, samples):
+    model = from_proto(proto, proto.graph.name)
+    target = load_target(TARGET)
+    prof = profile(model, samples)
+    return model, target, prof, plan(model, prof, target)
+
+
+def _reference(model, samples):
+    session = reference_session(model.proto)
+    return [session.run(s.arrays) for s in samples]
+
+
+def _run(artifact, tmp_path, samples):
+    compiled = load(artifact.save(tmp_path / "model.edgec"))
+    return [compiled.run(s.arrays) for s in samples]
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def test_weight_round_trip_is_within_half_a_step_per_channel():
+    w = np.random.default_rng(0).standard_normal((32, 5)).astype(np.float32) * [1, 10, 0.1, 3, 0]
+    q, scale = schemes.quantize_weight(w, axis=1)
+    assert q.dtype == np.int8 and scale.shape == (5,)
+    assert np.abs(q).max() <= 127
+    back = schemes.dequantize_weight(q, scale, axis=1)
+    assert np.all(np.abs(back - w) <= scale / 2 + 1e-7)
+    assert np.all(back[:, 4] == 0)  # an all-zero channel stays zero, without dividing by 0
+
+
+def test_rows_asymmetric_beats_symmetric_on_shifted_rows():
+    table = (np.random.default_rng(0).random((8, 64)) + 5.0).astype(np.float32)  # all positive
+    errors = {}
+    for scheme in schemes.SCHEMES:
+        back = schemes.dequantize_rows(*schemes.quantize_rows(table, scheme))
+        errors[scheme] = np.abs(back - table).max()
+    assert errors["asymmetric"] < errors["symmetric"]
+
+
+def test_activation_params_from_profiled_ranges():
+    observed = {"min": -1.0, "max": 50.0, "absmax_p999": 3.0}
+    minmax = schemes.activation_params(observed, "minmax", "asymmetric")
+    assert minmax.scale == pytest.approx(51.0 / 255) and minmax.zero == 5
+    clipped = schemes.activation_params(observed, "percentile", "asymmetric")
+    assert clipped.scale == pytest.approx(4.0 / 255)  # [-1, 3]: the outlier max is clipped
+    symmetric = schemes.activation_params(observed, "percentile", "symmetric")
+    assert symmetric.zero == 128 and symmetric.scale == pytest.approx(3.0 / 127)
+    relu = schemes.activation_params({"min": 0.0, "max": 2.0, "absmax_p999": 2.0}, "minmax",
+                                     "asymmetric")
+    assert relu.zero == 0
+    x = np.linspace(-1, 3, 101, dtype=np.float32)
+    assert np.abs(schemes.fake_quantize(x, clipped) - x).max() <= clipped.scale / 2 + 1e-6
+
+
+def test_find_layers_names_kinds_and_channel_axes():
+    layers = {layer.name: layer for layer in find_layers(embed_mlp())}
+    assert {n: layer.kind for n, layer in layers.items()} == {
+        "embed": "embedding", "fc1": "dense", "fc2": "dense"}
+    assert layers["fc1"].activation == "e"
+    cnn = {layer.name: layer for layer in find_layers(small_cnn())}
+    assert [cnn[n].kind for n in ("conv1", "conv2", "fc")] == ["conv", "conv", "dense"]
+    w = np.arange(20, dtype=np.float32).reshape(10, 2)
+    assert cnn["fc"].weight_axis == 0 and cnn["fc"].compiled_weight(w).shape == (2, 10)
+
+
+def test_compare_reports_cosine_max_abs_and_top1():
+    ref = [{"logits": np.array([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]], np.float32)}]
+    test = [{"logits": np.array([[1.0, 2.0, 0.0], [0.0, 3.5, 0.0]], np.float32)}]
+    result = accuracy.compare(ref, test, ["logits"])
+    out = result["outputs"]["logits"]
+    assert out["top1_agreement"] == 0.5 and out["max_abs"] == pytest.approx(3.5)
+    assert result["drop"] == pytest.approx(max(0.5, 1 - out["min_cosine"]))
+    assert accuracy.compare(ref, ref, ["logits"])["drop"] == pytest.approx(0.0, abs=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled modes against fp32, and against the simulation the guard relies on
+
+
+@pytest.mark.parametrize("mode,min_cosine", [("int8-weight", 0.9999), ("int8-dynamic", 0.999),
+                                             ("int8-static", 0.99)])
+def test_compiled_mode_is_close_to_fp32_and_matches_its_simulation(mode, min_cosine, tmp_path):
+    proto = embed_mlp()
+    model, target, prof, the_plan = _setup(proto, embed_samples(8, 0))
+    held_out = embed_samples(6, 1)
+    quant = quantize(model, prof, target, QuantizeSettings(mode, max_accuracy_drop=0.5), held_out)
+    expected = {"int8-weight": "int8-weight", "int8-dynamic": "int8-dynamic",
+                "int8-static": "int8-static"}[mode]
+    assert [(l["name"], l["precision"]) for l in quant.layers] == [
+        ("embed", "int8-weight"), ("fc1", expected), ("fc2", expected)]
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    reference = _reference(model, held_out)
+    result = accuracy.compare(reference, outputs)
+    assert result["outputs"]["hidden"]["min_cosine"] >= min_cosine
+    assert result["outputs"]["hidden"]["max_abs"] > 1e-5  # it really is quantized
+    precisions = {l["name"]: l["precision"] for l in quant.layers}
+    activations = {l["name"]: schemes.ActivationParams(**l["activation"])
+                   for l in quant.layers if l["activation"]}
+    simulated = simulate.run(simulate.simulated_model(
+        model.proto, find_layers(model.proto), precisions, activations, "asymmetric"),
+        [s.arrays for s in held_out])
+    agreement = accuracy.compare(simulated, outputs)
+    assert agreement["outputs"]["hidden"]["min_cosine"] >= 0.99999
+
+
+def test_int8_cnn_static_matches_fp32_top1(tmp_path):
+    model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(4, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    assert all(l["precision"] == "int8-static" for l in quant.layers)
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    result = accuracy.compare(_reference(model, held_out), outputs, ["logits"])
+    assert result["outputs"]["logits"]["min_cosine"] >= 0.995
+    assert result["outputs"]["logits"]["top1_agreement"] >= 0.9
+
+
+@pytest.mark.slow
+def test_int8_weights_shrink_the_library():
+    proto = embed_mlp(vocab=16384, dim=64)  # a 4 MB table: its int8 copy saves 3 MB
+    model, target, prof, the_plan = _setup(proto, embed_samples(4, 0, vocab=16384))
+    fp32 = build(model, the_plan, [target])
+    quant = quantize(model, prof, target, QuantizeSettings("int8-weight", 0.5),
+                     embed_samples(3, 1, vocab=16384))
+    int8 = build(model, the_plan, [target], quantization=quant)
+    fp32_bytes = fp32.manifest["libraries"][TARGET]["bytes"]
+    int8_bytes = int8.manifest["libraries"][TARGET]["bytes"]
+    # 3 MB saved, less the int8 kernels' code (about 0.2 MB) linked in with them.
+    assert fp32_bytes - int8_bytes > 2_500_000
+
+
+# ---------------------------------------------------------------------------------------------
+# The accuracy guard
+
+
+def test_guard_keeps_the_most_sensitive_layers_fp32_within_budget(tmp_path):
+    model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(4, 1)
+    loose = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    full_drop = loose.accuracy["simulated"]["drop"]
+    assert full_drop > 0
+    budget = full_drop * 0.5
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", budget), held_out)
+    kept = quant.fp32_layers()
+    assert kept and len(kept) < len(quant.layers)
+    most_sensitive = max(loose.layers, key=lambda l: l["sensitivity"])["name"]
+    assert most_sensitive in kept
+    assert quant.accuracy["simulated"]["drop"] <= budget
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    manifest = artifact.manifest["quantization"]
+    assert manifest["mode"] == "int8-static" and manifest["fp32_layers"] == kept
+    assert manifest["accuracy"]["measured"]["drop"] <= budget
+    assert {l["name"] for l in manifest["layers"]} == {"conv1", "conv2", "fc"}
+    assert all("budget" in l["reason"] for l in manifest["layers"] if l["precision"] == "fp32")
+    outputs = _run(artifact, tmp_path, held_out)
+    measured = accuracy.compare(_reference(model, held_out), outputs, ["logits"])
+    assert measured["drop"] == pytest.approx(manifest["accuracy"]["measured"]["drop"], abs=1e-6)
+
+
+def test_auto_steps_layers_down_and_a_zero_budget_keeps_all_fp32():
+    model, target, prof, _ = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(4, 1)
+    loose = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)
+    assert {l["precision"] for l in loose.layers} == {"int8-static"}
+    tight = quantize(model, prof, target, QuantizeSettings("auto", 0.0), held_out)
+    assert tight.fp32_layers() == ["conv1", "conv2", "fc"] and not tight.active
+    manifest = tight.manifest()
+    assert manifest["mode"] == "auto" and manifest["fp32_layers"] == ["conv1", "conv2", "fc"]
+    # Between: each demotion moves one step along the layer's precision ladder.
+    mid = quantize(model, prof, target,
+                   QuantizeSettings("auto", loose.accuracy["simulated"]["drop"] * 0.5), held_out)
+    for layer in mid.layers:
+        assert layer["precision"] in PRECISIONS[layer["kind"]]
+    assert any(l["precision"] != "int8-static" for l in mid.layers)
+    assert mid.accuracy["simulated"]["drop"] <= loose.accuracy["simulated"]["drop"] * 0.5
+
+
+def test_quantization_saves_and_loads(tmp_path):
+    model, target, prof, _ = _setup(embed_mlp(), embed_samples(4, 0))
+    quant = quantize(model, prof, target, QuantizeSettings("int8-weight", 0.1), embed_samples(2, 1))
+    loaded = Quantization.load(quant.save(tmp_path / "quantization.json"))
+    assert loaded.layers == quant.layers and loaded.settings == quant.settings
+    assert loaded.accuracy["simulated"]["drop"] == quant.accuracy["simulated"]["drop"]
+
+
+def test_refusals():
+    model, target, prof, _ = _setup(embed_mlp(), embed_samples(4, 0))
+    held_out = embed_samples(2, 1)
+    with pytest.raises(CompileError, match="GPU"):
+        quantize(model, prof, target, QuantizeSettings("fp16"), held_out)
+    with pytest.raises(CompileError, match="int8 kernels"):
+        quantize(model, prof, load_target("arm64-cortex-a72"), QuantizeSettings("int8-weight"),
+                 held_out)
+    with pytest.raises(SamplesError, match="held-out"):
+        quantize(model, prof, target, QuantizeSettings("int8-weight"), [])
+    for bad in (QuantizeSettings("int4"), QuantizeSettings("auto", 2.0),
+                QuantizeSettings("auto", calibration="kl")):
+        with pytest.raises(EdgecError):
+            bad.check()
+    none = quantize(model, prof, target, QuantizeSettings("none"), [])
+    assert not none.active and none.layers == []
+
+
+def test_held_out_split_is_disjoint():
+    samples = embed_samples(9, 0)
+    calibration, held = held_out_split(samples)
+    assert [s.name for s in held] == ["s3", "s7"]
+    assert not {s.name for s in calibration} & {s.name for s in held}
+    assert held_out_split(samples[:1]) == (samples[:1], samples[:1])
+
+
+def test_cli_compile_quantize_writes_manifest_and_stage(tmp_path, capsys):
+    onnx.save(small_cnn(), str(tmp_path / "model.onnx"))
+    write_samples(tmp_path / "samples", [s.arrays for s in cnn_samples(6, 0)])
+    write_samples(tmp_path / "held_out", [s.arrays for s in cnn_samples(3, 1)])
+    out = tmp_path / "model.edgec"
+    code = main(["compile", str(tmp_path / "model.onnx"), "--samples", str(tmp_path / "samples"),
+                 "--held-out-samples", str(tmp_path / "held_out"), "--target", TARGET,
+                 "--quantize", "int8-static", "--max-accuracy-drop", "0.05",
+                 "--save-stages", str(tmp_path), "-o", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "quantization int8-static" in printed and "measured on 3 held-out samples" in printed
+    assert Quantization.load(tmp_path / "quantization.json").settings.mode == "int8-static"
+    main(["inspect", "--json", str(out)])
+    manifest = json.loads(capsys.readouterr().out)
+    quant = manifest["quantization"]
+    assert quant["mode"] == "int8-static" and quant["accuracy"]["measured"]["samples"] == 3
+    assert quant["accuracy"]["measured"]["drop"] <= 0.05
+    assert main(["compile", str(tmp_path / "model.onnx"), "--samples", str(tmp_path / "samples"),
+                 "--target", TARGET, "--quantize", "fp16", "-o", str(tmp_path / "x.edgec")]) == 8
+    assert not (tmp_path / "x.edgec").exists()
+
+
+def test_report_lines_name_the_fp32_layers_and_the_accuracy():
+    from edgec.bench import BenchResult
+    from edgec.report import _quantization_lines
+
+    model, target, prof, _ = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(4, 1)
+    loose = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    budget = loose.accuracy["simulated"]["drop"] * 0.5
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", budget), held_out)
+    lines = _quantization_lines(BenchResult({"quantization": quant.manifest()}))
+    text = "\n".join(lines)
+    assert "quantization `int8-static`" in text and "simulated, 4 held-out samples" in text
+    assert "top-1 agreement" in text
+    assert "kept fp32: " + ", ".join(f"`{n}`" for n in quant.fp32_layers()) in text
+    assert _quantization_lines(BenchResult({"quantization": {"mode": "none"}})) == []
+    assert _quantization_lines(BenchResult({})) == []
+
+
+def test_layers_without_an_int8_form_are_reported_fp32():
+    """A convolution fused with a residual add has no int8 kernel: the manifest says fp32."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        helper.make_node("Conv", ["image", "c.w", "c.b"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Add", ["c", "image"], ["sum"], name="residual"),
+        helper.make_node("Relu", ["sum"], ["out"], name="relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [numpy_helper.from_array((rng.standard_normal((8, 8, 3, 3)) / 8).astype(np.float32), "c.w"),
+         numpy_helper.from_array(np.zeros(8, np.float32), "c.b")])
+    samples = [Sample(f"s{i}", {"image": rng.standard_normal((1, 8, 6, 6)).astype(np.float32)})
+               for i in range(4)]
+    model, target, prof, the_plan = _setup(_model(graph), samples[:3])
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), samples[3:])
+    assert quant.layers[0]["precision"] == "int8-static"
+    artifact = build_guarded(model, the_plan, [target], quant, samples[3:])
+    layer = artifact.manifest["quantization"]["layers"][0]
+    assert layer["precision"] == "fp32" and "no int8 form" in layer["reason"]
+    assert artifact.manifest["quantization"]["fp32_layers"] == ["conv"]
+
+
+def test_cpp_host_runs_an_int8_artifact_like_the_python_runtime(tmp_path):
+    """The int8 kernels are linked into the library, so the C++ host needs nothing more."""
+    from test_cpp_host import build_host, missing_tools, run_host
+
+    if missing_tools("g++", "make"):
+        pytest.skip("needs g++ and make")
+    model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
+    held_out = cnn_samples(2, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
+    path = build_guarded(model, the_plan, [target], quant, held_out).save(tmp_path / "q.edgec")
+    expected = load(path).run(held_out[0].arrays)
+    got = run_host(build_host(), path, held_out[0].arrays, tmp_path / "host")
+    np.testing.assert_allclose(got["logits"], expected["logits"], rtol=0, atol=1e-5)
+
+
+def test_auto_weighs_integer_against_weight_only_by_measured_latency():
+    model, target, prof, the_plan = _setup(embed_mlp(), embed_samples(8, 0))
+    held_out = embed_samples(3, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)
+    assert {l["precision"] for l in quant.layers if l["kind"] == "dense"} == {"int8-static"}
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    cost = artifact.manifest["quantization"]["cost"]
+    assert cost["integer_ms"] > 0 and cost["weight_only_ms"] > 0
+    dense = {l["precision"] for l in artifact.manifest["quantization"]["layers"]
+             if l["name"].startswith("fc")}
+    if cost["chosen"] == "weight-only":
+        assert cost["weight_only_ms"] < cost["integer_ms"] and dense == {"int8-weight"}
+    else:
+        assert cost["chosen"] == "integer" and dense == {"int8-static"}
+    assert artifact.manifest["quantization"]["accuracy"]["measured"]["drop"] <= 0.5
+
+
+def test_cli_stages_profile_plan_quantize_build(tmp_path, capsys):
+    onnx.save(small_cnn(), str(tmp_path / "model.onnx"))
+    write_samples(tmp_path / "samples", [s.arrays for s in cnn_samples(4, 0)])
+    write_samples(tmp_path / "held_out", [s.arrays for s in cnn_samples(2, 1)])
+    model, quant = str(tmp_path / "model.onnx"), str(tmp_path / "quant.json")
+    assert main(["profile", model, "--samples", str(tmp_path / "samples"),
+                 "-o", str(tmp_path / "profile.json")]) == 0
+    assert main(["plan", model, "--profile", str(tmp_path / "profile.json"), "--target", TARGET,
+                 "-o", str(tmp_path / "plan.json")]) == 0
+    assert main(["quantize", model, "--profile", str(tmp_path / "profile.json"), "--target",
+                 TARGET, "--quantize", "int8-static", "-o", quant]) == 2  # no held-out samples
+    assert main(["quantize", model, "--profile", str(tmp_path / "profile.json"), "--target",
+                 TARGET, "--quantize", "int8-static", "--max-accuracy-drop", "0.5",
+                 "--held-out-samples", str(tmp_path / "held_out"), "-o", quant]) == 0
+    assert "simulated on 2 held-out samples" in capsys.readouterr().out
+    out = tmp_path / "model.edgec"
+    assert main(["build", model, "--plan", str(tmp_path / "plan.json"), "--target", TARGET,
+                 "--quantization", quant, "-o", str(out)]) == 0
+    manifest = load(out).manifest["quantization"]
+    assert manifest["mode"] == "int8-static" and manifest["fp32_layers"] == []
+    assert manifest["accuracy"]["simulated"]["samples"] == 2
+    assert main(["build", model, "--plan", str(tmp_path / "plan.json"), "--target", TARGET,
+                 "--quantization", str(tmp_path / "plan.json"), "-o", str(tmp_path / "y.edgec")]) == 10
