@@ -268,6 +268,9 @@ def bench(
         raise EdgecError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
+    if model.proto is None:
+        raise EdgecError(f"'{model.name}' is a PyTorch program; edgec bench compares against "
+                         f"onnxruntime and needs the ONNX model: pass --model MODEL.onnx")
     start = time.perf_counter()
     # Where the target file says: here, on a device behind an RPC tracker, or under qemu.
     compiled = remote.load(artifact_path, target=target, threads=settings.threads,

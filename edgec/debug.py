@@ -15,6 +15,7 @@ from typing import Any
 
 from . import runtime
 from .bench import compare_outputs
+from .errors import EdgecError
 from .build import build
 from .model import Model, expose_activations, from_proto
 from .plan import PlanSettings, plan
@@ -62,6 +63,9 @@ def debug(model: Model, samples: list[Sample], target: Target, tolerance: float 
     ``tolerance`` bounds the max abs difference relative to each activation's scale. Nodes are
     visited in graph order per sample; the first one over the tolerance is the divergence.
     """
+    if model.proto is None:
+        raise EdgecError(f"'{model.name}' is a PyTorch program; edgec debug compares node by node "
+                         f"with onnxruntime and needs an ONNX model")
     exposed = from_proto(expose_activations(model.proto), f"{model.name}-debug")
     the_plan = plan(exposed, profile(exposed, samples), target, settings)
     region_of = {node: region.name for region in the_plan.regions for node in region.nodes}

@@ -199,6 +199,8 @@ def test_cli_compiles_a_pt2_file(mlp_program, tmp_path):
     x = _normal((5, 8), 60)
     y = runtime.load(tmp_path / "a.edgec").run({"x": x})["output_0"]
     np.testing.assert_allclose(y, _eager(mlp_program, x)[0], rtol=1e-4, atol=1e-5)
+    # bench and debug compare with onnxruntime: a torch program gets a one-line refusal.
+    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples)]) == 2
 
 
 def test_unsupported_op_names_node_and_op():
