@@ -66,6 +66,39 @@ void CheckTensor(const DLTensor* t, const char* what) {
   }
 }
 
+// oneDNN's OpenMP runtime (libgomp, which libdnnl links): declared here rather than through
+// <omp.h> so that the shim compiles without -fopenmp.
+extern "C" int omp_get_max_threads(void);
+extern "C" void omp_set_num_threads(int);
+
+// Below this many multiply-adds a primitive is built and run on the calling thread only: waking
+// OpenMP's other threads for each small matmul cost more than it saved (the 9 matmuls of the
+// zoo's moe, 8k-25k multiply-adds each).
+constexpr int64_t kSerialMacs = int64_t(1) << 18;
+
+// Holds OpenMP to one thread for its lifetime when `serial`, for primitives below kSerialMacs:
+// created and executed alike, so their work split matches the threads that run it.
+class SerialScope {
+ public:
+  explicit SerialScope(bool serial) : saved_(serial ? omp_get_max_threads() : 0) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~SerialScope() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int saved_;
+};
+
+int64_t Elements(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
 bool Empty(const DLTensor* t) {
   for (int i = 0; i < t->ndim; ++i) {
     if (t->shape[i] == 0) return true;
@@ -310,6 +343,9 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   AppendShape(&key, src);
   AppendShape(&key, weight);
   AppendShape(&key, dst);
+  // Output elements times the multiply-adds of each: weight [O, I/groups, KH, KW].
+  SerialScope serial(Elements(dst) * weight->shape[1] * weight->shape[2] * weight->shape[3] <
+                     kSerialMacs);
   static PrimitiveCache<ConvEntry> cache;
   auto entry = cache.Get(key, [&]() {
     return MakeConv(src, weight, residual != nullptr, attrs, attrs + 2, attrs + 4, attrs + 6,
@@ -404,6 +440,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
   if (m == 0 || n == 0) return;
 
+  SerialScope serial(m * k * n < kSerialMacs);
   static PrimitiveCache<MatmulEntry> cache;
   auto entry = cache.Get({m, k, n, flags}, [&]() {
     dnnl::post_ops ops;
