@@ -211,8 +211,8 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         filled = min(width, width * self.done // max(self.total, 1))
         elapsed = time.monotonic() - self.started
         self.stream.write(f"\rtuning [{'#' * filled}{'.' * (width - filled)}] "
-                          f"{min(self.done, self.total)}/{self.total} trials ({self.valid} "
-                          f"valid), task {task_id}, {elapsed:.0f} s")
+                          f"{self.done} of {self.total} trials measured ({self.valid} valid; "
+                          f"the last batch may overshoot), task {task_id}, {elapsed:.0f} s")
         self.stream.flush()
 
 
