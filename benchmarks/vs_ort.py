@@ -1,4 +1,4 @@
-"""edgec against onnxruntime on the zoo's CNNs and dynamic models: ``reports/vs_ort.json`` + ``.md``.
+"""edgec against onnxruntime on the zoo's CNNs and dynamic models: reports/vs_ort.json and .md.
 
 Each model is exported from the zoo (seeded), compiled with ``edgec compile`` (the target given, or
 edgec's default for this machine), then timed twice, each runtime in a process of its own with
@@ -50,8 +50,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> str:
     return result.stdout
 
 
-def worker(system: str, name: str, model_dir: Path, artifact: Path, runs: int, warmup: int, threads: int,
-           output: Path) -> None:
+def worker(system: str, name: str, model_dir: Path, artifact: Path, runs: int, warmup: int,
+           threads: int, output: Path) -> None:
     """Time one system on every sample in this process; write stats per row group and outputs."""
     from edgec import runtime
     from edgec.bench import BenchSettings, time_calls
@@ -87,7 +87,8 @@ def _max_rel_diff(edgec_npz: Path, ort_npz: Path) -> float:
     from edgec.bench import compare_outputs
 
     got, want = np.load(edgec_npz), np.load(ort_npz)
-    return compare_outputs({k: got[k] for k in want.files}, {k: want[k] for k in want.files})["max_rel"]
+    got_all = {k: got[k] for k in want.files}
+    return compare_outputs(got_all, {k: want[k] for k in want.files})["max_rel"]
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -158,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
             measured = {}
             for system in ("edgec", "onnxruntime"):
                 out = Path(tmp) / f"{name}.{system}.json"
-                _run(_python_cmd(__file__, "--threads", str(args.threads), "--worker", system,
-                                 name, str(model_dir), str(artifact), str(runs), str(warmup), str(out)),
+                _run(_python_cmd(__file__, "--threads", str(args.threads), "--worker", system, name,
+                                 str(model_dir), str(artifact), str(runs), str(warmup), str(out)),
                      env)
                 measured[system] = json.loads(out.read_text())
-            diff = _max_rel_diff(Path(tmp) / f"{name}.edgec.npz", Path(tmp) / f"{name}.onnxruntime.npz")
+            diff = _max_rel_diff(Path(tmp) / f"{name}.edgec.npz",
+                                 Path(tmp) / f"{name}.onnxruntime.npz")
             if not diff <= args.tolerance:
                 failures.append(f"{name}: outputs differ from onnxruntime by {diff:.3g} (relative)")
             for key, edgec_ms in measured["edgec"].items():

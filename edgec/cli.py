@@ -176,7 +176,8 @@ def _targets_or_default(names: tuple[str, ...]):
     target = default_target()
     click.echo(f"target: {target.name} (default: the target with the most CPU features this "
                f"machine has)", err=True)
-    return [target], f"default: {target.name}, the target with the most CPU features the build machine has"
+    return [target], (f"default: {target.name}, the target with the most CPU features the build "
+                      f"machine has")
 
 
 @cli.command("quantize")
@@ -302,7 +303,8 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
 @click.option("--samples", "samples_path", default=None, type=click.Path(path_type=Path),
               help="Sample inputs of a dynamic model: the shapes the plan specializes are tuned.")
 @click.option("--seed", default=0, show_default=True, type=int)
-def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None, seed: int) -> None:
+def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None,
+             seed: int) -> None:
     """Tune the kernels TVM generates for MODEL into the target's database (autotune/<target>/)."""
     from .tune import tune_model
 

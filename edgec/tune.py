@@ -1,4 +1,4 @@
-"""``edgec tune``: MetaSchedule tuning of the kernels TVM generates, kept in one database per target.
+"""``edgec tune``: MetaSchedule tuning of the kernels TVM generates, one database per target.
 
 Library dispatch sends convolutions and matmuls to oneDNN; what is left (pooling, softmax, layout
 changes, fused elementwise chains, matmuls of targets without a library) is TVM's own code, which
@@ -211,8 +211,8 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         filled = min(width, width * self.done // max(self.total, 1))
         elapsed = time.monotonic() - self.started
         self.stream.write(f"\rtuning [{'#' * filled}{'.' * (width - filled)}] "
-                          f"{min(self.done, self.total)}/{self.total} trials ({self.valid} "
-                          f"valid), task {task_id}, {elapsed:.0f} s")
+                          f"{self.done} of {self.total} trials measured ({self.valid} valid; "
+                          f"the last batch may overshoot), task {task_id}, {elapsed:.0f} s")
         self.stream.flush()
 
 
@@ -268,7 +268,7 @@ def tuning_tasks(mod: tvm.IRModule, target: Target) -> tuple[list, tvm.target.Ta
 
 def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
          progress: Any = None) -> TuneSummary:
-    """Tune ``mod``'s TVM kernels for ``target`` until the database holds ``trials`` records for them.
+    """Tune ``mod``'s TVM kernels for ``target`` until the database holds ``trials`` records of them.
 
     Counting what is already there makes a killed run resumable: running the same command again
     spends only the trials still missing, starting from the records kept.
@@ -278,6 +278,7 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
     if "num-cores" not in target.tvm:
         raise StageInputError(f"target '{target.name}' has no 'num-cores' in its [tvm] table; "
                               f"MetaSchedule needs it: add the device's core count")
+    _check_runs_here(target)
     tasks, tune_target = tuning_tasks(mod, target)
     directory = database_dir(target)
     database = TuningDatabase(directory / RECORDS_FILE)
@@ -312,6 +313,17 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
     summary.trials_run = sum(database.records_for(t.dispatched[0]) for t in tasks) - before
     summary.records_after = len(database)
     return summary
+
+
+def _check_runs_here(target: Target) -> None:
+    """Tuning measures candidates on this machine: the target's code must run here."""
+    from .runtime import best_for_host, host_arch
+
+    if best_for_host({target.name: {**target.to_json(), "device": "cpu"}}) is None:
+        needs = ", ".join(target.cpu_features) or "no CPU features"
+        raise StageInputError(
+            f"target '{target.name}' ({target.arch}, needs {needs}) cannot run on this machine "
+            f"({host_arch()}), and tuning measures here; tune on a machine the target describes")
 
 
 def _cost_model() -> str:

@@ -209,3 +209,8 @@ def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
     lines = path.read_bytes().splitlines()
     assert all(json.loads(line) for line in lines)  # the torn line is gone
     assert len(tune_lib.TuningDatabase(path)) == 5
+
+
+def test_tune_refuses_a_target_this_machine_cannot_run():
+    with pytest.raises(tune_lib.StageInputError, match="cannot run on this machine"):
+        tune_lib.tune(None, load_target("arm64-cortex-a72"), trials=4)

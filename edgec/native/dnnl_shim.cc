@@ -75,6 +75,34 @@ void CheckTensor(const DLTensor* t, const char* what) {
   }
 }
 
+// oneDNN's OpenMP runtime (libgomp, which libdnnl links): declared here rather than through
+// <omp.h> so that the shim compiles without -fopenmp.
+extern "C" int omp_get_max_threads(void);
+extern "C" void omp_set_num_threads(int);
+
+// Below this many multiply-adds a matmul is built and run on the calling thread only: waking
+// OpenMP's other threads for each small one cost more than it saved (the zoo's transformer,
+// 16x64x64 to 16x128x64: 0.24-0.29 -> 0.18-0.21 ms). Convolutions keep every thread: no gain
+// was measured for them.
+constexpr int64_t kSerialMacs = int64_t(1) << 18;
+
+// Holds OpenMP to one thread for its lifetime when `serial`, for matmuls below kSerialMacs:
+// created and executed alike, so their work split matches the threads that run it.
+class SerialScope {
+ public:
+  explicit SerialScope(bool serial) : saved_(serial ? omp_get_max_threads() : 0) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~SerialScope() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+  }
+  SerialScope(const SerialScope&) = delete;
+  SerialScope& operator=(const SerialScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 float* Data(const DLTensor* t) {
   return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
 }
@@ -406,6 +434,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
   if (m == 0 || n == 0) return;
 
+  SerialScope serial(m * k * n < kSerialMacs);
   static PrimitiveCache<MatmulEntry> cache;
   auto entry = cache.Get({m, k, n, flags}, [&]() {
     dnnl::post_ops ops;
