@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .compiler.codegen import codegen_for
-from .compiler.dispatch import add_shape_dispatch
+from .compiler.dispatch import add_shape_dispatch, lower_regions, region_functions
 from .compiler.frontend import import_onnx
 from .errors import EdgecError
 from .model import Model
@@ -17,6 +17,8 @@ from .targets import Target
 
 def _functions(plan: Plan) -> list[dict[str, Any]]:
     """The VM functions the build creates, as ``edgec inspect`` shows them."""
+    if plan.multi_region:
+        return [{"name": "main", "kind": "calls regions"}] + region_functions(plan.regions)
     region = plan.regions[0]
     if region.mode == "static":
         return [{"name": "main", "kind": "static"}]
@@ -39,10 +41,13 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
         raise EdgecError("no target given; pass --target (see `edgec targets`)")
-    if len(plan.regions) != 1:
-        raise EdgecError(f"this edgec builds plans of one region; the plan has {len(plan.regions)}")
-    specializations = [s["dims"] for s in plan.regions[0].specializations]
-    mod = add_shape_dispatch(import_onnx(model), specializations)
+    if plan.multi_region:
+        mod = lower_regions(model, [
+            {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
+             "specializations": [s["dims"] for s in r.specializations]} for r in plan.regions])
+    else:
+        specializations = [s["dims"] for s in plan.regions[0].specializations]
+        mod = add_shape_dispatch(import_onnx(model), specializations)
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
