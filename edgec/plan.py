@@ -339,14 +339,18 @@ def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
     from .costmodel.features import loop_trips, region_features
     from .costmodel.model import load_for
 
+    from .regions import region_dims
+
     cost_model = cost_model or load_for(target)
     trips = loop_trips(prof.control_flow)
+    static_regions = [not region_dims(model, cut) for cut in cuts]
     cache: dict[tuple, float] = {}
 
     def predict(index: int, option: str, graph_dims: Mapping[str, int]) -> float:
         key = (index, option, tuple(sorted(graph_dims.items())))
         if key not in cache:
-            feats = region_features(model, cuts[index], graph_dims, option, target, trips)
+            feats = region_features(model, cuts[index], graph_dims, option, target, trips,
+                                    static=static_regions[index])
             cache[key] = float(cost_model.predict_ms([feats])[0])
         return cache[key]
 

@@ -93,6 +93,19 @@ def _count_sub_nodes(node: onnx.NodeProto) -> int:
     return count
 
 
+def _scan_trips(node: onnx.NodeProto, shapes: dict) -> int | None:
+    """A Scan's trip count at these shapes: its first scan input's length along the scan axis."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    body = attrs["body"]
+    num_scan = int(attrs.get("num_scan_inputs", 1))
+    first = node.input[len(body.input) - num_scan] if len(node.input) >= len(body.input) else None
+    axes = list(attrs.get("scan_input_axes", [0]))
+    known = shapes.get(first) if first else None
+    if not known or not known[1]:
+        return None
+    return known[1][(axes[0] if axes else 0) % len(known[1])]
+
+
 def target_features(target: Target) -> dict[str, float]:
     mattr = " ".join(target.tvm.get("mattr", []))
     vector_bits = 512 if "avx512" in mattr else 256 if "avx" in mattr else 128
@@ -101,9 +114,11 @@ def target_features(target: Target) -> dict[str, float]:
 
 
 def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], option: str,
-                    target: Target, trips: Mapping[str, float] | None = None) -> dict[str, float]:
+                    target: Target, trips: Mapping[str, float] | None = None,
+                    static: bool = False) -> dict[str, float]:
     """The features of region ``cut`` of ``model`` run as ``option`` with the graph inputs'
-    symbolic dims at ``dims``; ``trips`` gives a loop's mean trip count by node name."""
+    symbolic dims at ``dims``; ``trips`` gives a loop's mean trip count by node name. ``static``:
+    the region has no symbolic dim, so even its one function is static."""
     if option not in OPTIONS:
         raise ValueError(f"unknown option {option!r}")
     shapes = _shapes_at(_fixed(model, dims))
@@ -146,6 +161,8 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
             inner = _count_sub_nodes(node)
             sub_nodes += inner
             trip = (trips or {}).get(name, 1.0) if op != "If" else 1.0
+            if op == "Scan":
+                trip = _scan_trips(node, shapes) or trip
             trip_total += trip
             # A loop body's work: its nodes times the state it carries, each trip.
             flops += trip * inner * max(out_elems, 1)
@@ -169,7 +186,7 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
                                              if shapes.get(i)) + 1.0),
         "log_max_dim": math.log10(max([d for d in input_dims if d] or [1])),
         "symbolic_dims": float(len(dims)),
-        "static": 1.0 if option == "specialized" else 0.0,
+        "static": 1.0 if option == "specialized" or static else 0.0,
     }
     feats["static_x_log_nodes"] = feats["static"] * feats["log_nodes"]
     feats["static_x_frac_movement"] = feats["static"] * feats["frac_movement"]
