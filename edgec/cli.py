@@ -138,6 +138,12 @@ def plan_cmd(model: Path, profile_path: Path, target: str, policy: str, max_spec
             click.echo(f"region {region.name}: {region.mode} — {region.reason}")
 
 
+def _kernels_on_calling_thread() -> None:
+    """Region timings are CPU time of the calling thread (costmodel.measure): oneDNN's OpenMP
+    pool must not take work off it. Read when OpenMP starts, so set before any model loads."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 def _make_plan(loaded, prof, target, settings, samples_path):
     """Plan; for the oracle policy, first time every option of every region on the samples."""
     from .plan import plan
@@ -145,6 +151,7 @@ def _make_plan(loaded, prof, target, settings, samples_path):
     settings.check()
     measured = None
     if settings.policy == "oracle":
+        _kernels_on_calling_thread()
         if samples_path is None:
             raise EdgecError("--policy oracle times every option: pass --samples")
         from .costmodel.measure import measure_model
@@ -413,6 +420,7 @@ def costmodel() -> None:
 def costmodel_collect(target: str, models: str, passes: int, runs: int, batches: int,
                       max_specializations: int) -> None:
     """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
+    _kernels_on_calling_thread()
     from .costmodel.collect import collect
     from .costmodel.store import MEASUREMENTS_FILE, target_dir
     from .targets import load_target

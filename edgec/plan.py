@@ -383,12 +383,9 @@ def _policy_choice(space, settings: PlanSettings, distribution, latency, samples
                    f"other shape runs the symbolic fallback")
     source = "predicted" if policy == "auto" else "measured"
     costs = [decide.expected_ms(space, k, distribution, latency) for k in range(limit + 1)]
-    best = min(range(limit + 1), key=lambda k: (costs[k] * (1 - 1e-9 * k), k))
-    # Ties within 1% go to fewer functions: less to compile, same speed.
-    for k in range(best):
-        if costs[k] <= costs[best] * 1.01:
-            best = k
-            break
+    # The least expected latency; an exact tie goes to fewer functions (less to compile). What
+    # more functions cost is the budgets' business (--compile-budget-s, --max-artifact-mb).
+    best = min(range(limit + 1), key=lambda k: (costs[k], k))
     if best == 0:
         why = (f"{policy}: symbolic is the least {source} expected latency "
                f"({costs[0]:.4f} ms; best specialized {min(costs[1:], default=costs[0]):.4f} ms)")

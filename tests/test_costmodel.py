@@ -46,14 +46,14 @@ def test_learners_fit_and_round_trip_through_json(name):
     assert learn.spearman(model.predict(x), y) > 0.9
 
 
-def test_select_learner_prefers_trees_on_a_step():
+def test_select_learner_prefers_trees_where_order_is_not_linear():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((160, 4))
-    y = np.where(x[:, 0] > 0, 2.0, -2.0) + 0.05 * rng.standard_normal(160)
+    y = x[:, 0] ** 2 + 0.05 * rng.standard_normal(160)  # no linear function ranks this
     groups = [f"m{i % 4}" for i in range(160)]
     chosen = learn.select_learner(x, y, groups, ("ridge", "gbdt"))
     assert set(chosen.held_out) == {"ridge", "gbdt"} and chosen.learner == "gbdt"
-    assert chosen.held_out["gbdt"]["log_rmse"] < chosen.held_out["ridge"]["log_rmse"]
+    assert chosen.held_out["gbdt"]["rank_error"] < chosen.held_out["ridge"]["rank_error"]
 
 
 def test_spearman_and_mape():
@@ -128,3 +128,31 @@ def test_the_committed_x86_64_model_loads_and_plans():
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
     result = plan(MLP, profile(MLP, samples), TARGET, PlanSettings("auto"))
     assert result.predicted["expected_ms"] > 0 and result.regions[0].options
+
+
+def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
+    from edgec.bench import BenchSettings, bench, record_measurements
+    from edgec.build import build
+    from test_dispatch import nonzero_model
+    from test_plan import _table
+
+    model = from_proto(nonzero_model(), "nonzero")
+    rng = np.random.default_rng(0)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((b, 4)).astype(np.float32)})
+               for i, b in enumerate([2, 2, 3])]
+    prof = profile(model, samples)
+    the_plan = plan(model, prof, TARGET, PlanSettings("oracle", 1), measured=_table({0}))
+    path = build(model, the_plan, [TARGET]).save(tmp_path / "nz.edgec")
+    result = bench(path, model, samples, BenchSettings(runs=2, warmup=1), baselines=("onnxruntime",))
+    rows = result["regions"]
+    assert [(r["region"], r["shape"]) for r in rows] == [
+        (f"region_{i}", s) for s in ("batch=2", "batch=3") for i in range(3)]
+    assert [r["option"] for r in rows] == ["specialized", "symbolic", "symbolic"] + ["symbolic"] * 3
+    assert all(r["measured_ms"] > 0 for r in rows)
+    # The oracle's table predicted 0.01 * batch for region 0 (half when specialized).
+    assert rows[0]["predicted_ms"] == pytest.approx(0.01) and rows[3]["predicted_ms"] == pytest.approx(0.03)
+
+    record_measurements("x86_64", model, rows, threads=2)
+    stored = load_measurements(TARGET)
+    assert len(stored) == 6 and all(r["source"] == "bench" and r["features"] for r in stored)
+    assert stored[0]["predicted_ms"] == rows[0]["predicted_ms"] and stored[0]["ms"] == rows[0]["measured_ms"]

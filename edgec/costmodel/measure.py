@@ -34,7 +34,10 @@ def _time_interleaved(calls: list[Callable[[], Any]], runs: int, warmup: int, ba
     kernels run on the calling thread, so this is the call's latency on an idle core, and time
     the thread spends descheduled by other processes (the shared build machines run at a load of
     several per core) does not count. The calls take turns batch by batch, so what load still
-    does (caches, clock speed) hits every option alike; the least batch median is kept.
+    does (caches, clock speed) hits every option alike; the least batch median is kept. Kernels
+    handed to oneDNN run on its OpenMP threads unless ``OMP_NUM_THREADS=1`` was set before the
+    process loaded it (the CLI's ``collect`` and ``plan --policy oracle`` do): else part of
+    their time would not count.
     """
     for call in calls:
         for _ in range(warmup):
