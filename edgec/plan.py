@@ -273,11 +273,14 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     else:
         def loss(space, k):
             return space.hot[k - 1][1]
+    wanted = list(ks)
     ks, notes = decide.fit_budgets(spaces, ks, budgets, loss)
-    for note in notes:
-        index = int(note.split(":")[0].split()[1]) if note.startswith("region ") else None
-        if index is not None:
-            whys[index] += f"; {note.split(': ', 1)[1]}"
+    for index, (want, got) in enumerate(zip(wanted, ks)):
+        if got < want:
+            whys[index] += (f"; cut to {got} specialization(s) to fit the predicted compile-time/"
+                            f"artifact budget")
+    if notes and notes[-1].startswith("budget cannot"):
+        whys = [w + f"; {notes[-1]}" for w in whys]
 
     reference = {tuple(sorted(s["dims"].items())): s["reference_ms"] for s in prof.shapes}
     regions = []
@@ -412,6 +415,7 @@ def _options_table(space, chosen_k, settings, distribution, latency, budgets) ->
                                                   else "symbolic", g), 5)
                 for g, _ in distribution}
         if budgets.seconds_of is not None:
-            row["compile_s"] = round(budgets.seconds_of(space.nodes * (1 + k)), 3)
+            # This region's share: the fixed cost of a build is counted once, in plan.predicted.
+            row["compile_s"] = round(budgets.seconds_of(space.nodes * (1 + k)) - budgets.seconds_of(0), 3)
         rows.append(row)
     return rows

@@ -89,5 +89,4 @@ def fit_budgets(spaces: list[RegionSpace], ks: list[int], budgets: Budgets,
             return ks, notes
         _, i = min(steps)
         ks[i] -= 1
-        notes.append(f"region {i}: dropped a specialization to fit the "
-                     f"{'compile-time' if over_s else 'artifact-size'} budget")
+        notes.append(f"region {i}: one specialization fewer")
