@@ -226,6 +226,9 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
     if not regions or len(cuts) != len(regions):
         return []
     multi = any(r.get("inputs") for r in regions)
+    built = {f["name"] for f in compiled.manifest["libraries"][compiled.target]["functions"]}
+    if multi and not all(r["name"] in built for r in regions):
+        return []  # the build compiled the model whole (see build.build): no region to time
     rows = []
     for sample, shape in zip(samples, shapes):
         if any(row["shape"] == shape for row in rows):

@@ -7,7 +7,7 @@ from typing import Any
 from .compiler.codegen import codegen_for
 from .compiler.dispatch import add_shape_dispatch, lower_regions, region_functions
 from .compiler.frontend import import_onnx
-from .errors import EdgecError
+from .errors import EdgecError, ModelError, describe
 from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
@@ -41,14 +41,21 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
         raise EdgecError("no target given; pass --target (see `edgec targets`)")
+    functions = _functions(plan)
     if plan.multi_region:
-        mod = lower_regions(model, [
-            {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
-             "specializations": [s["dims"] for s in r.specializations]} for r in plan.regions])
+        try:
+            mod = lower_regions(model, [
+                {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
+                 "specializations": [s["dims"] for s in r.specializations]} for r in plan.regions])
+        except (ModelError, ValueError) as exc:
+            # A region that does not import alone (an op needing a constant another region
+            # computes) must not cost the model: compile it whole, symbolic, and say so.
+            mod = import_onnx(model)
+            functions = [{"name": "main", "kind": "symbolic",
+                          "note": f"regions not lowered separately: {describe(exc)}"}]
     else:
         specializations = [s["dims"] for s in plan.regions[0].specializations]
         mod = add_shape_dispatch(import_onnx(model), specializations)
-    functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     for target in targets:

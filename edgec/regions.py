@@ -144,7 +144,16 @@ def cut_regions(model: Model) -> list[RegionCut]:
                 if needed and out not in outputs:
                     outputs.append(out)
         cuts.append(RegionCut([nodes[i].name for i in indices], inputs, outputs, boundary))
-    # A value handed on must come from its first producer region only.
+    # A value passed between regions needs a tensor type of known rank (the region functions'
+    # signatures); where shape inference cannot give one, the model stays one region.
+    types = inferred_types(model)
+    for cut in cuts:
+        for value in cut.inputs + cut.outputs:
+            known = types.get(value)
+            if known is None or not known.type.HasField("tensor_type") or \
+                    not known.type.tensor_type.elem_type or not known.type.tensor_type.HasField("shape"):
+                return [RegionCut([n.name for n in nodes], [i.name for i in graph.input],
+                                  [o.name for o in graph.output], "")]
     return cuts
 
 

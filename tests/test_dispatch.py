@@ -91,3 +91,29 @@ def test_a_specialization_naming_a_dim_the_region_lacks_is_refused():
     with pytest.raises(ValueError, match="does not have"):
         lower_regions(model, [{"name": "region_0", "nodes": cut.nodes, "inputs": cut.inputs,
                                "outputs": cut.outputs, "specializations": [{"seq": 3}]}])
+
+
+def test_a_plan_whose_regions_do_not_lower_builds_the_model_whole(monkeypatch, tmp_path):
+    import edgec.build
+    from edgec import runtime
+    from edgec.plan import PlanSettings, plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    model = from_proto(nonzero_model(), "nonzero")
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    the_plan = plan(model, profile(model, [Sample("s", {"x": x})]), load_target("x86_64"),
+                    PlanSettings("symbolic"))
+
+    def refuse(*args, **kwargs):
+        raise ValueError("region region_2 does not import alone")
+
+    monkeypatch.setattr(edgec.build, "lower_regions", refuse)
+    artifact = edgec.build.build(model, the_plan, [load_target("x86_64")])
+    (function,) = artifact.manifest["libraries"]["x86_64"]["functions"]
+    assert function["kind"] == "symbolic" and "does not import alone" in function["note"]
+    got = runtime.load(artifact.save(tmp_path / "a.edgec")).run({"x": x})
+    want = reference_session(model.proto).run({"x": x})
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got["idx"], want["idx"])
