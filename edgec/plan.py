@@ -330,20 +330,27 @@ def _coverage(spaces, ks, distribution) -> float:
 
 
 def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
-    """The latency function the policy decides by (None for the fixed policies), and the cost
-    model used (for budgets)."""
+    """The latency function the plan predicts with (the one ``auto`` and ``oracle`` decide by;
+    the fixed policies only record it, and it is None for them without a cost model), and the
+    cost model (for budgets)."""
     if settings.policy == "oracle":
         if measured is None:
             raise EdgecError("policy oracle measures every option: pass samples "
                              "(`edgec plan --policy oracle --samples DIR`)")
         return measured, cost_model
-    if settings.policy != "auto":
-        return None, cost_model
     from .costmodel.features import loop_trips, region_features
-    from .costmodel.model import load_for
-
+    from .costmodel.model import CostModel, default_path, load_for
     from .regions import region_dims
 
+    if settings.policy != "auto":
+        # A fixed policy decides without the cost model; with one at hand, the plan still
+        # records its predictions (bench sets them beside its measurements).
+        if cost_model is None and not default_path(target).is_file():
+            return None, None
+        try:
+            cost_model = cost_model or CostModel.load(default_path(target))
+        except EdgecError:
+            return None, None
     cost_model = cost_model or load_for(target)
     trips = loop_trips(prof.control_flow)
     static_regions = [not region_dims(model, cut) for cut in cuts]
@@ -357,6 +364,11 @@ def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
             cache[key] = float(cost_model.predict_ms([feats])[0])
         return cache[key]
 
+    if settings.policy != "auto":
+        try:
+            predict(0, "symbolic", prof.shape_distribution()[0][0] if prof.shapes else {})
+        except Exception:  # predictions are a record only here: a model they fail on plans without
+            return None, cost_model
     return predict, cost_model
 
 

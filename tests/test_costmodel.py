@@ -126,8 +126,13 @@ def test_the_committed_x86_64_model_loads_and_plans():
     if not default_path(TARGET).is_file():
         pytest.fail("autotune/x86_64/costmodel.json is not committed")
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
-    result = plan(MLP, profile(MLP, samples), TARGET, PlanSettings("auto"))
+    prof = profile(MLP, samples)
+    result = plan(MLP, prof, TARGET, PlanSettings("auto"))
     assert result.predicted["expected_ms"] > 0 and result.regions[0].options
+    # A fixed policy decides alone but still records what the model predicts of its plan.
+    fixed = plan(MLP, prof, TARGET, PlanSettings("symbolic"))
+    assert fixed.predicted["expected_ms"] > 0 and not fixed.regions[0].specializations
+    assert fixed.summary()["regions"][0]["predicted_ms"]
 
 
 def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
