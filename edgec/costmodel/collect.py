@@ -50,7 +50,10 @@ def collect(target: Target, names: list[str] | None = None, passes: int = 3,
         for index in range(passes):
             measured = measure_model(model, prof, samples, target, max_specializations, runs=runs,
                                      batches=batches, threads=threads, pass_index=index)
-            append_measurements(target, measured.rows + [measured.build])
+            mains = [{"kind": "main", "model": model.name, "model_sha256": model.sha256,
+                      "target": target.name, "shape": key, "ms": ms, "source": "collect",
+                      "pass": index} for key, ms in measured.main_ms.items()]
+            append_measurements(target, measured.rows + [measured.build] + mains)
             results.append(measured)
             progress(f"{name} pass {index}: {len(measured.rows)} region timings, build "
                      f"{measured.build['compile_s']:.1f} s")

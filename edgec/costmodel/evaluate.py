@@ -44,6 +44,23 @@ def _best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(best.values())
 
 
+def _additivity(rows, model, test, table) -> float | None:
+    """Median over shapes of (sum of the measured region times) / (measured ``main`` time) of
+    the all-options build collect timed: how well composing region times stands for the whole."""
+    mains: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        if row.get("kind") == "main" and row["model_sha256"] == model.sha256:
+            mains[row["shape"]].append(row["ms"])
+    regions = sorted({r["region_index"] for r in test})
+    ratios = []
+    for row in test:
+        key = decide.dims_key(row["dims"])
+        if key in mains and row["region_index"] == regions[0] and row["option"] == "symbolic":
+            total = sum(table(i, "specialized", row["dims"]) for i in regions)
+            ratios.append(total / min(mains[key]))
+    return round(float(np.median(ratios)), 4) if ratios else None
+
+
 def _row_noise(rows: list[dict[str, Any]]) -> float | None:
     """Median over (region, option, shape) of max/min - 1 between the passes that timed it."""
     by_key: dict[tuple, list[float]] = defaultdict(list)
@@ -106,6 +123,7 @@ def evaluate(target: Target, rows: list[dict[str, Any]], holdout: list[str],
                 "expected_ms_by_pass": [round(v, 5) for v in by_pass],
                 "specializations": [len(r.specializations) for r in the_plan.regions],
             }
+        additivity = _additivity(rows, model, test, table)
         spreads = [max(p["expected_ms_by_pass"]) / min(p["expected_ms_by_pass"]) - 1
                    for p in policies.values() if len(p["expected_ms_by_pass"]) > 1]
         oracle = policies["oracle"]["expected_ms"]
@@ -119,6 +137,7 @@ def evaluate(target: Target, rows: list[dict[str, Any]], holdout: list[str],
             "auto_over": {p: round(auto / policies[p]["expected_ms"], 4) for p in FIXED_POLICIES},
             "noise_pass_spread": round(max(spreads), 4) if spreads else None,
             "noise_row_median": row_noise,
+            "regions_sum_over_main": additivity,
             "learner": cost_model.training["learner"],
         })
     ok = [r for r in results if "error" not in r]
@@ -142,8 +161,8 @@ def render(result: dict[str, Any]) -> str:
     """The eval result as a Markdown table."""
     lines = [f"# costmodel eval, target {result['target']} (leave one model out)", "",
              "| model | regions | rows | spearman | MAPE | " + " | ".join(POLICY_ORDER)
-             + " | auto/oracle | noise: timing median | noise: plan, between passes |",
-             "|---|---|---|---|---|" + "---|" * len(POLICY_ORDER) + "---|---|---|"]
+             + " | auto/oracle | noise: timing median | noise: plan, between passes | regions sum / main |",
+             "|---|---|---|---|---|" + "---|" * len(POLICY_ORDER) + "---|---|---|---|"]
     for r in result["models"]:
         if "error" in r:
             lines.append(f"| {r['model']} | {r['error']} |")
@@ -151,7 +170,7 @@ def render(result: dict[str, Any]) -> str:
         cells = " | ".join(f"{r['policies'][p]['expected_ms']:.4f}" for p in POLICY_ORDER)
         lines.append(f"| {r['model']} | {r['regions']} | {r['rows']} | {r['spearman']} | "
                      f"{r['mape']} | {cells} | {r['auto_over_oracle']} | {r['noise_row_median']} | "
-                     f"{r['noise_pass_spread']} |")
+                     f"{r['noise_pass_spread']} | {r['regions_sum_over_main']} |")
     s = result["summary"]
     lines += ["", "expected latencies in ms (measured, composed from measured region times)", "",
               f"- geomean auto/policy: {s['geomean_auto_over']}",
