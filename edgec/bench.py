@@ -255,10 +255,11 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
         else:
             times = [float(np.median(edgec_per_shape[shape]))]
         for index, (region, ms) in enumerate(zip(regions, times)):
-            specialized = any(all(dims.get(d) == v for d, v in spec.items())
-                              for spec in region.get("specializations", []))
+            specs = region.get("specializations", [])
+            hit = any(all(dims.get(d) == v for d, v in spec.items()) for spec in specs)
+            option = "symbolic" if not specs else "specialized" if hit else "fallback"
             rows.append({"region": region["name"], "region_index": index, "shape": shape,
-                         "dims": dims, "option": "specialized" if specialized else "symbolic",
+                         "dims": dims, "option": option,
                          "measured_ms": round(ms, 5),
                          "predicted_ms": region.get("predicted_ms", {}).get(dims_key(dims))})
     return rows

@@ -423,8 +423,7 @@ def _options_table(space, chosen_k, settings, distribution, latency, budgets) ->
         if latency is not None:
             row["expected_ms"] = round(decide.expected_ms(space, k, distribution, latency), 5)
             row["predicted_ms"] = {
-                decide.dims_key(g): round(latency(space.index, "specialized" if space.specialized_at(k, g)
-                                                  else "symbolic", g), 5)
+                decide.dims_key(g): round(latency(space.index, decide.option_at(space, k, g), g), 5)
                 for g, _ in distribution}
         if budgets.seconds_of is not None:
             # This region's share: the fixed cost of a build is counted once, in plan.predicted.

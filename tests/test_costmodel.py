@@ -91,6 +91,7 @@ def test_measure_times_every_option_and_feeds_fit_and_oracle(mlp_measured):
     for shape in hot:
         assert (shape, "specialized") in options and (shape, "symbolic") in options
     assert ((("batch", 3), ("seq", 5)), "specialized") not in options
+    assert ((("batch", 3), ("seq", 5)), "fallback") in options
     assert all(r["ms"] > 0 and r["region"] == "region_0" and r["features"] for r in rows)
     assert measured.build["node_copies"] == 2 * 3 and measured.build["library_bytes"] > 0
     assert set(measured.main_ms) == {"batch=1,seq=8", "batch=2,seq=4", "batch=1,seq=3", "batch=3,seq=5"}
@@ -152,7 +153,9 @@ def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
     rows = result["regions"]
     assert [(r["region"], r["shape"]) for r in rows] == [
         (f"region_{i}", s) for s in ("batch=2", "batch=3") for i in range(3)]
-    assert [r["option"] for r in rows] == ["specialized", "symbolic", "symbolic"] + ["symbolic"] * 3
+    # batch=3 is not hot: region 0's dispatch finds no static copy and runs its fallback.
+    assert [r["option"] for r in rows] == ["specialized", "symbolic", "symbolic",
+                                           "fallback", "symbolic", "symbolic"]
     assert all(r["measured_ms"] > 0 for r in rows)
     # The oracle's table predicted 0.01 * batch for region 0 (half when specialized).
     assert rows[0]["predicted_ms"] == pytest.approx(0.01) and rows[3]["predicted_ms"] == pytest.approx(0.03)

@@ -48,10 +48,16 @@ def region_space(index: int, dims: list[str], distribution: list[tuple[dict[str,
     return RegionSpace(index, tuple(dims), hot, nodes)
 
 
+def option_at(space: RegionSpace, k: int, graph_dims: Dims) -> str:
+    """How a region with ``k`` specializations runs at a shape (see ``features.OPTIONS``)."""
+    if k == 0 or not space.dims:
+        return "symbolic"
+    return "specialized" if space.specialized_at(k, graph_dims) else "fallback"
+
+
 def expected_ms(space: RegionSpace, k: int, distribution: list[tuple[dict[str, int], float]],
                 latency: Latency) -> float:
-    return sum(share * latency(space.index, "specialized" if space.specialized_at(k, g) else "symbolic", g)
-               for g, share in distribution)
+    return sum(share * latency(space.index, option_at(space, k, g), g) for g, share in distribution)
 
 
 @dataclass

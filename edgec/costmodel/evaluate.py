@@ -78,7 +78,8 @@ def plan_expected_ms(the_plan, model, prof, table) -> float:
         hot = [tuple(sorted(s["dims"].items())) for s in region.specializations]
         for graph_dims, share in distribution:
             projected = tuple(sorted((d, int(graph_dims[d])) for d in region.dims))
-            option = "specialized" if projected in hot and region.dims else "symbolic"
+            option = ("symbolic" if not (hot and region.dims) else
+                      "specialized" if projected in hot else "fallback")
             total += share * table(index, option, graph_dims)
     return total
 

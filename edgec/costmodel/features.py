@@ -20,7 +20,9 @@ from ..model import Model
 from ..regions import RegionCut, used_names
 from ..targets import Target
 
-OPTIONS = ("symbolic", "specialized")
+# How a region runs at a shape: its one symbolic function; its dispatch into a static copy; its
+# dispatch that finds none and runs the symbolic fallback.
+OPTIONS = ("symbolic", "specialized", "fallback")
 
 _MATMUL = ("MatMul", "Gemm", "MatMulInteger", "Einsum")
 _CONV = ("Conv", "ConvTranspose", "ConvInteger")
@@ -39,7 +41,7 @@ FEATURE_NAMES = (
     "log_flops", "log_bytes", "log_intensity", "log_nodes", "frac_matmul", "frac_conv",
     "frac_reduce", "frac_movement", "frac_shape", "frac_elementwise", "control_flow",
     "log_trips", "log_sub_nodes", "unknown_dims", "log_input_elements", "log_max_dim",
-    "symbolic_dims", "static", "static_x_log_nodes", "static_x_frac_movement",
+    "symbolic_dims", "static", "dispatch", "dispatch_x_inv_bytes", "static_x_log_nodes", "static_x_frac_movement",
     "static_x_log_flops", "target_cores", "target_vector_bits",
 )
 
@@ -187,7 +189,11 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
         "log_max_dim": math.log10(max([d for d in input_dims if d] or [1])),
         "symbolic_dims": float(len(dims)),
         "static": 1.0 if option == "specialized" or static else 0.0,
+        "dispatch": 1.0 if option in ("specialized", "fallback") else 0.0,
     }
+    # A dispatch adds about a constant time: in log time that is worth more the less the region
+    # moves (per 10 kB moved).
+    feats["dispatch_x_inv_bytes"] = feats["dispatch"] * 1e4 / (moved + 1.0)
     feats["static_x_log_nodes"] = feats["static"] * feats["log_nodes"]
     feats["static_x_frac_movement"] = feats["static"] * feats["frac_movement"]
     feats["static_x_log_flops"] = feats["static"] * feats["log_flops"]

@@ -16,7 +16,8 @@ import numpy as np
 LEARNERS = ("ridge", "ridge-core", "gbdt", "roofline")
 # The few features ``ridge-core`` uses: work, size, op mix, loops and whether it is static. With
 # five models to learn from, fewer features generalize better to a model left out.
-CORE_FEATURES = ("log_flops", "log_bytes", "log_nodes", "static", "log_trips", "log_sub_nodes",
+CORE_FEATURES = ("log_flops", "log_bytes", "log_nodes", "static", "dispatch", "dispatch_x_inv_bytes",
+                 "log_trips", "log_sub_nodes",
                  "control_flow", "log_input_elements", "frac_matmul", "frac_movement", "frac_reduce")
 
 
@@ -166,7 +167,7 @@ class Roofline:
                 10 ** col["log_bytes"] - 1,
                 (10 ** col["log_sub_nodes"] - 1) * (10 ** col["log_trips"] - 1)]
         static = col["static"]
-        return np.stack(work + [w * static for w in work], axis=1)
+        return np.stack(work + [w * static for w in work] + [col["dispatch"]], axis=1)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "Roofline":
         terms = self._terms(x)

@@ -86,8 +86,8 @@ class Measured:
 
 
 def latency_table(rows: list[dict[str, Any]]) -> Callable[[int, str, Mapping[str, int]], float]:
-    """A lookup over measured rows (of one model); a specialized time that was not measured (a
-    shape that was not hot) is the symbolic one, since such a shape runs the fallback."""
+    """A lookup over measured rows (of one model). Options: ``symbolic`` (one function),
+    ``specialized`` (dispatch to a static copy), ``fallback`` (dispatch that finds no copy)."""
     values: dict[tuple[int, str, str], list[float]] = defaultdict(list)
     for row in rows:
         values[(row["region_index"], row["option"], dims_key(row["dims"]))].append(row["ms"])
@@ -97,6 +97,10 @@ def latency_table(rows: list[dict[str, Any]]) -> Callable[[int, str, Mapping[str
         key = dims_key(graph_dims)
         if (index, option, key) in merged:
             return merged[(index, option, key)]
+        if option == "specialized" and (index, "fallback", key) in merged:
+            # Not a hot shape at collect time: a static copy of it was never built; what comes
+            # closest is the dispatch into the fallback.
+            return merged[(index, "fallback", key)]
         return merged[(index, "symbolic", key)]
 
     return lookup
@@ -145,12 +149,16 @@ def measure_model(model: Model, prof: Profile, samples: list[Sample], target: Ta
                     region_args = [env[name] for name in region.inputs]
                     result = vm[region.name](*region_args)
                     env.update(zip(region.outputs, _outputs(result, len(region.outputs))))
+                    # symbolic: the one function, no dispatch. With specializations the region's
+                    # own function dispatches: to a static copy at a hot shape ("specialized"),
+                    # else, after checking every hot shape, to the fallback ("fallback").
                     functions = {"symbolic": vm[f"{region.name}__generic" if region.specializations
                                                 else region.name]}
                     spec_dims = [s["dims"] for s in region.specializations]
                     projected = {d: dims[d] for d in region.dims}
-                    if projected in spec_dims:
-                        functions["specialized"] = vm[f"{region.name}__spec_{spec_dims.index(projected)}"]
+                    if region.specializations:
+                        hit = "specialized" if projected in spec_dims else "fallback"
+                        functions[hit] = vm[region.name]
                     calls = [lambda f=f: f(*region_args) for f in functions.values()]
                     for option, ms in zip(functions, _time_interleaved(calls, runs, warmup, batches)):
                         times[(index, option)].append(ms)
