@@ -227,6 +227,84 @@ def time_calls(call: Callable, model: Model, samples: list[Sample], settings: Be
     return latency_stats([t for ts in per_shape.values() for t in ts]), outputs
 
 
+def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[str],
+                    edgec_per_shape: dict[str, list[float]], settings: BenchSettings) -> list[dict[str, Any]]:
+    """Per region and shape: the measured time of the function the plan runs there, next to the
+    time the plan predicted (``None`` when it was made without a cost model).
+
+    A plan of several regions is timed region by region (each region's function called alone on
+    the inputs the regions before it produced); a one-region plan's time is ``main``'s.
+    """
+    from .costmodel.decide import dims_key
+    from .regions import cut_regions
+
+    regions = compiled.manifest.get("plan", {}).get("regions", [])
+    cuts = cut_regions(model)
+    if not regions or len(cuts) != len(regions):
+        return []
+    multi = any(r.get("inputs") for r in regions)
+    built = {f["name"] for f in compiled.manifest["libraries"][compiled.target]["functions"]}
+    if multi and not all(r["name"] in built for r in regions):
+        return []  # the build compiled the model whole (see build.build): no region to time
+    if multi and not isinstance(compiled, runtime.Model):
+        return []  # regions are timed through a local VM, not over RPC or under qemu
+    rows = []
+    for sample, shape in zip(samples, shapes):
+        if any(row["shape"] == shape for row in rows):
+            continue
+        dims = sample_dims(model, sample)
+        if multi:
+            args = compiled.to_device_args(sample.arrays)
+            env = {spec.name: arg for spec, arg in zip(compiled.inputs, args)}
+            times = []
+            for region in regions:
+                function = compiled._vm[region["name"]]
+                region_args = [env[name] for name in region["inputs"]]
+                result = function(*region_args)
+                outs = [result] if len(region["outputs"]) == 1 else [result[i] for i in range(len(region["outputs"]))]
+                env.update(zip(region["outputs"], outs))
+                for _ in range(settings.warmup):
+                    function(*region_args)
+                calls = []
+                for _ in range(settings.runs):
+                    start = time.perf_counter()
+                    function(*region_args)
+                    calls.append((time.perf_counter() - start) * 1e3)
+                times.append(float(np.median(calls)))
+        else:
+            times = [float(np.median(edgec_per_shape[shape]))]
+        for index, (region, ms) in enumerate(zip(regions, times)):
+            specs = region.get("specializations", [])
+            hit = any(all(dims.get(d) == v for d, v in spec.items()) for spec in specs)
+            option = "symbolic" if not specs else "specialized" if hit else "fallback"
+            rows.append({"region": region["name"], "region_index": index, "shape": shape,
+                         "dims": dims, "option": option,
+                         "measured_ms": round(ms, 5),
+                         "predicted_ms": region.get("predicted_ms", {}).get(dims_key(dims))})
+    return rows
+
+
+def record_measurements(target_name: str, model: Model, rows: list[dict[str, Any]],
+                        threads: int) -> None:
+    """Append bench's per-region timings to the target's measurement store."""
+    from .costmodel.features import region_features
+    from .costmodel.store import append_measurements
+    from .regions import cut_regions
+    from .targets import load_target
+
+    target = load_target(target_name)
+    cuts = cut_regions(model)
+    append_measurements(target, [{
+        "kind": "region", "model": model.name, "model_sha256": model.sha256, "target": target.name,
+        "region": row["region"], "region_index": row["region_index"],
+        "boundary": cuts[row["region_index"]].boundary, "nodes": len(cuts[row["region_index"]].nodes),
+        "option": row["option"], "dims": row["dims"],
+        "features": region_features(model, cuts[row["region_index"]], row["dims"], row["option"], target),
+        "ms": row["measured_ms"], "predicted_ms": row["predicted_ms"], "threads": threads,
+        "source": "bench", "pass": 0,
+    } for row in rows])
+
+
 BASELINES = ("onnxruntime", "onnxruntime-1t", "tvm-plain")
 
 
@@ -282,6 +360,7 @@ def bench(
     progress = _Progress(len(samples) * len(systems), "bench")
     measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
     measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
+    region_rows = _region_timings(compiled, model, samples, shapes, measured["edgec"][0], settings)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with tempfile.TemporaryDirectory(prefix="edgec-bench-") as tmp:
         for name in systems[1:]:
@@ -332,6 +411,7 @@ def bench(
         "load_ms": round(load_ms, 3),
         "peak_rss_mb": round(peak_rss_mb, 1),
         "per_shape": per_shape_rows,
+        "regions": region_rows,
         "plan": compiled.manifest.get("plan", {}),
         "quantization": compiled.manifest.get("quantization", {"mode": "none"}),
         "settings": vars(settings),

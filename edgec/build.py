@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 from .compiler.codegen import codegen_for
-from .compiler.dispatch import add_shape_dispatch
+from .compiler.dispatch import add_shape_dispatch, lower_regions, region_functions
 from .compiler.frontend import import_onnx
-from .errors import EdgecError
+from .errors import EdgecError, ModelError, describe
 from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
@@ -21,6 +21,8 @@ from .targets import Target
 
 def _functions(plan: Plan) -> list[dict[str, Any]]:
     """The VM functions the build creates, as ``edgec inspect`` shows them."""
+    if plan.multi_region:
+        return [{"name": "main", "kind": "calls regions"}] + region_functions(plan.regions)
     region = plan.regions[0]
     if region.mode == "static":
         return [{"name": "main", "kind": "static"}]
@@ -69,13 +71,23 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
         raise EdgecError("no target given; pass --target (see `edgec targets`)")
-    if len(plan.regions) != 1:
-        raise EdgecError(f"this edgec builds plans of one region; the plan has {len(plan.regions)}")
-    specializations = [s["dims"] for s in plan.regions[0].specializations]
     inputs = fixed_inputs(model, plan)
     constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
-    mod = add_shape_dispatch(_import(model, constants), specializations)
     functions = _functions(plan)
+    if plan.multi_region:
+        try:
+            mod = lower_regions(model, [
+                {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
+                 "specializations": [s["dims"] for s in r.specializations]} for r in plan.regions])
+        except (ModelError, ValueError) as exc:
+            # A region that does not import alone (an op needing a constant another region
+            # computes) must not cost the model: compile it whole, symbolic, and say so.
+            mod = _import(model, constants)
+            functions = [{"name": "main", "kind": "symbolic",
+                          "note": f"regions not lowered separately: {describe(exc)}"}]
+    else:
+        specializations = [s["dims"] for s in plan.regions[0].specializations]
+        mod = add_shape_dispatch(_import(model, constants), specializations)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
     rewrite = None

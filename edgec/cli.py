@@ -33,8 +33,14 @@ def _out_opt(help_text: str):
 
 def _plan_opts(func):
     func = click.option("--policy", default="specialize-seen", show_default=True,
-                        type=click.Choice(["specialize-seen", "symbolic"]),
-                        help="How to pick shape specializations.")(func)
+                        type=click.Choice(["auto", "symbolic", "specialize-seen",
+                                           "specialize-then-generalize", "oracle"]),
+                        help="How to pick each region's specializations: auto = the target's "
+                             "learned cost model; oracle = time every option (small models).")(func)
+    func = click.option("--max-artifact-mb", default=0.0, show_default=True, type=float,
+                        help="Predicted artifact size limit (0: none); needs a cost model.")(func)
+    func = click.option("--compile-budget-s", default=0.0, show_default=True, type=float,
+                        help="Predicted compile-time limit (0: none); needs a cost model.")(func)
     func = click.option("--max-specializations", default=4, show_default=True, type=int,
                         help="At most this many shapes get a static function.")(func)
     func = click.option("--min-share", default=0.1, show_default=True, type=float,
@@ -151,20 +157,54 @@ def _note_reference_error(prof) -> None:
 @click.option("--target", default=None,
               help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
+@click.option("--samples", "samples_path", type=click.Path(path_type=Path), default=None,
+              help="Samples to time every option on (policy oracle only).")
+@click.option("--explain", is_flag=True, help="Print a table per region: options, predicted cost, "
+                                               "chosen option and why.")
 @_out_opt("Where to write the plan (JSON).")
 def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
-             max_specializations: int, min_share: float, output: Path) -> None:
-    """Decide which shapes run specialized and which stay symbolic."""
+             max_specializations: int, min_share: float, max_artifact_mb: float,
+             compile_budget_s: float, samples_path: Path | None, explain: bool,
+             output: Path) -> None:
+    """Cut MODEL into regions and decide which shapes each runs specialized."""
     from .model import load_model
-    from .plan import PlanSettings, plan
+    from .plan import PlanSettings
     from .profile import Profile
 
-    settings = PlanSettings(policy, max_specializations, min_share)
+    settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
     the_target = _targets_or_default((target,) if target else ())[0][0]
-    result = plan(load_model(model), Profile.load(profile_path), the_target, settings)
+    loaded = load_model(model)
+    result = _make_plan(loaded, Profile.load(profile_path), the_target, settings, samples_path)
     result.save(output)
-    for region in result.regions:
-        click.echo(f"region {region.name}: {region.mode} — {region.reason}")
+    if explain:
+        click.echo(result.explain())
+    else:
+        for region in result.regions:
+            click.echo(f"region {region.name}: {region.mode} — {region.reason}")
+
+
+def _kernels_on_calling_thread() -> None:
+    """Region timings are CPU time of the calling thread (costmodel.measure): oneDNN's OpenMP
+    pool must not take work off it. Read when OpenMP starts, so set before any model loads."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _make_plan(loaded, prof, target, settings, samples_path):
+    """Plan; for the oracle policy, first time every option of every region on the samples."""
+    from .plan import plan
+
+    settings.check()
+    measured = None
+    if settings.policy == "oracle":
+        _kernels_on_calling_thread()
+        if samples_path is None:
+            raise EdgecError("--policy oracle times every option: pass --samples")
+        from .costmodel.measure import measure_model
+        from .samples import load_samples
+
+        measured = measure_model(loaded, prof, load_samples(samples_path, loaded), target,
+                                 settings.max_specializations, source="oracle").table()
+    return plan(loaded, prof, target, settings, measured=measured)
 
 
 def _targets_or_default(names: tuple[str, ...]):
@@ -246,13 +286,14 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
-                max_specializations: int, min_share: float, save_stages: Path | None,
+                max_specializations: int, min_share: float, max_artifact_mb: float,
+                compile_budget_s: float, save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
                 held_out_path: Path | None, sign_key: Path | None, output: Path) -> None:
     """Profile, plan, quantize and build in one go."""
     from .build import build
     from .model import load_model
-    from .plan import PlanSettings, plan
+    from .plan import PlanSettings
     from .profile import profile
     from .quantize import QuantizeSettings, build_guarded, held_out_split, quantize
     from .samples import load_samples
@@ -260,7 +301,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     sign = _signer(sign_key)
     loaded = load_model(model)
     target_list, chosen = _targets_or_default(targets)
-    settings = PlanSettings(policy, max_specializations, min_share)
+    settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
     settings.check()
     quant_settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
     quant_settings.check()
@@ -273,7 +314,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
             samples, held_out = held_out_split(samples)
     prof = profile(loaded, samples)
     _note_reference_error(prof)
-    the_plan = plan(loaded, prof, target_list[0], settings)
+    the_plan = _make_plan(loaded, prof, target_list[0], settings, samples_path)
     quant = quantize(loaded, prof, target_list[0], quant_settings, held_out)
     if quant.active:
         artifact = build_guarded(loaded, the_plan, target_list, quant, held_out,
@@ -391,6 +432,10 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     result = bench(artifact, loaded, load_samples(samples_path, loaded), settings, target=target,
                    baselines=chosen, require_signature=public_key)
     result.save(output)
+    if result["regions"]:
+        from .bench import record_measurements
+
+        record_measurements(result["target"], loaded, result["regions"], threads)
     click.echo(
         f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
         f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
@@ -536,6 +581,92 @@ def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, outp
     summary = summarize(results)
     click.echo(f"{summary['pass']} passed, {summary['cases'] - summary['pass']} failed "
                f"(of {summary['cases']}; control flow {summary['control_flow']['pass']} passed)")
+
+
+@cli.group()
+def costmodel() -> None:
+    """The learned cost model behind `edgec plan --policy auto`: collect, train, eval."""
+
+
+@costmodel.command("collect")
+@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("--models", default="", help="Comma-separated zoo models (default: the dynamic ones).")
+@click.option("--passes", default=3, show_default=True, type=int,
+              help="Independent build+time passes per model (their spread is the noise).")
+@click.option("--runs", default=5, show_default=True, type=int, help="Timed calls per batch.")
+@click.option("--batches", default=3, show_default=True, type=int,
+              help="Batches per option, interleaved; the least batch median is kept.")
+@click.option("--max-specializations", default=3, show_default=True, type=int,
+              help="Hot shapes compiled static per region.")
+def costmodel_collect(target: str, models: str, passes: int, runs: int, batches: int,
+                      max_specializations: int) -> None:
+    """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
+    _kernels_on_calling_thread()
+    from .costmodel.collect import collect
+    from .costmodel.store import MEASUREMENTS_FILE, target_dir
+    from .targets import load_target
+
+    if passes < 1 or runs < 1 or batches < 1:
+        raise EdgecError("--passes, --runs and --batches must be at least 1")
+    loaded = load_target(target)
+    names = [n.strip() for n in models.split(",") if n.strip()] or None
+    collect(loaded, names, passes, max_specializations, runs, batches, progress=click.echo)
+    click.echo(f"appended to {target_dir(loaded) / MEASUREMENTS_FILE}")
+
+
+@costmodel.command("train")
+@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Where to write the model (default: autotune/<target>/costmodel.json).")
+def costmodel_train(target: str, output: Path | None) -> None:
+    """Fit the cost model on the target's measurements; the learner is picked by held-out error."""
+    from .costmodel.evaluate import _best_rows
+    from .costmodel.model import default_path, fit
+    from .costmodel.store import load_measurements
+    from .targets import load_target
+
+    loaded = load_target(target)
+    rows = load_measurements(loaded)
+    regions = _best_rows([r for r in rows if r.get("kind") == "region" and r["target"] == loaded.name])
+    builds = [r for r in rows if r.get("kind") == "build" and r["target"] == loaded.name]
+    fitted = fit(regions, builds, loaded.name)
+    path = fitted.save(output or default_path(loaded))
+    scores = ", ".join(f"{k} rank error {v['rank_error']} log-RMSE {v['log_rmse']} MAPE {v['mape']}"
+                       for k, v in fitted.training["held_out"].items())
+    click.echo(f"fitted {fitted.training['learner']} on {len(regions)} region timings of "
+               f"{len(fitted.training['models'])} models (held out per model: {scores}) -> {path}")
+
+
+@costmodel.command("eval")
+@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
+                                                          "every measured model).")
+@click.option("--max-specializations", default=3, show_default=True, type=int)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Also write the result: NAME.json and NAME.md.")
+def costmodel_eval(target: str, holdout: tuple[str, ...], max_specializations: int,
+                   output: Path | None) -> None:
+    """Leave-one-model-out: Spearman, MAPE and each policy's measured expected latency."""
+    from .costmodel.evaluate import evaluate, render
+    from .costmodel.store import load_measurements
+    from .fileio import write_text
+    from .plan import PlanSettings
+    from .targets import load_target
+
+    loaded = load_target(target)
+    rows = load_measurements(loaded)
+    measured_models = sorted({r["model"] for r in rows if r.get("kind") == "region"})
+    names = list(holdout) or measured_models
+    missing = [n for n in names if n not in measured_models]
+    if missing:
+        raise EdgecError(f"no measurements of {', '.join(missing)} for target '{loaded.name}'; "
+                         f"run `edgec costmodel collect --models {','.join(missing)}`")
+    result = evaluate(loaded, rows, names, PlanSettings(max_specializations=max_specializations))
+    table = render(result)
+    if output is not None:
+        write_text(output.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
+        write_text(output.with_suffix(".md"), table)
+    click.echo(table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,36 @@
-"""The plan stage: decide, from a profile, which parts of a model run specialized for which shapes.
+"""The plan stage: decide, from a profile, how each region of a model is compiled.
 
-A plan cuts the model into regions and says, for each, whether it is static (no symbolic dims),
-specialized (compiled for a few hot shapes, with a symbolic fallback for every other shape) or
-symbolic (one function for every shape), and why. The planner decides and records; only ``build``
-lowers. Policies:
+A plan cuts the model into regions (``edgec.regions``: at control flow and data-dependent-shape
+ops) and gives each an option:
 
-- ``specialize-seen``: specialize the most frequent shapes whose share of the samples is at least
-  ``min_share``, up to ``max_specializations``; every other shape takes the fallback.
+- ``static``: the region has no symbolic dim; one static function.
+- ``symbolic``: one function for every shape.
+- ``specialized``: static copies for its hot shapes (assignments of the graph's symbolic dims that
+  reach the region) with the symbolic function as fallback for every other shape.
+
+Padding to shape buckets is not offered: it is safe only when every op of a region is
+independent along the padded dim and its outputs are sliced back, and edgec does not prove that
+yet, so it never pads.
+
+Policies (the planner decides and records; only ``build`` lowers):
+
+- ``specialize-seen``: per region, the most frequent shapes with a share of at least ``min_share``,
+  up to ``max_specializations``.
 - ``symbolic``: no specialization.
+- ``specialize-then-generalize``: torch.compile's rule: the first shape (here the most frequent
+  one) is specialized, every other shape generalizes to the symbolic function.
+- ``auto``: per region, the number of hot shapes (0..max) whose expected latency over the
+  profiled distribution, as the target's learned cost model predicts it, is least; then the
+  compile-time and artifact-size budgets (predicted by the same model) are enforced.
+- ``oracle``: as ``auto`` but from measured latencies of every option (``costmodel.measure``);
+  for small models, it compiles and times them all.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from .errors import EdgecError, StageInputError
 from .fileio import load_json_value, save_json_value
@@ -24,16 +40,19 @@ from .provenance import tool_versions
 from .targets import Target
 
 PLAN_VERSION = 1
-POLICIES = ("specialize-seen", "symbolic")
+POLICIES = ("specialize-seen", "symbolic", "specialize-then-generalize", "auto", "oracle")
+FIXED_POLICIES = ("symbolic", "specialize-seen", "specialize-then-generalize")
 
 
 @dataclass(frozen=True)
 class PlanSettings:
-    """The knobs a plan was made with; saved with it."""
+    """The knobs a plan was made with; saved with it. A budget of 0 means none."""
 
     policy: str = "specialize-seen"
     max_specializations: int = 4
     min_share: float = 0.1
+    max_artifact_mb: float = 0.0
+    compile_budget_s: float = 0.0
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -42,6 +61,8 @@ class PlanSettings:
             raise EdgecError("--max-specializations must be 0 or more")
         if not 0.0 <= self.min_share <= 1.0:
             raise EdgecError("--min-share must lie between 0 and 1")
+        if self.max_artifact_mb < 0 or self.compile_budget_s < 0:
+            raise EdgecError("--max-artifact-mb and --compile-budget-s must be 0 (no limit) or more")
 
 
 @dataclass(frozen=True)
@@ -49,7 +70,9 @@ class Region:
     """A part of the model and how it is compiled.
 
     ``specializations`` lists the dim assignments compiled as static functions, each with the share
-    of profiled samples it serves and the reference latency measured for it.
+    of profiled samples it serves (and, for a whole-model region, the reference latency). ``inputs``
+    and ``outputs`` are the values it reads and hands on (empty lists: the graph's own), ``dims``
+    the graph dims it can specialize on, ``options`` the table the planner chose from.
     """
 
     name: str
@@ -59,23 +82,42 @@ class Region:
     fallback: bool
     dynamic_nodes: list[str]
     reason: str
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    boundary: str = ""
+    dims: list[str] = field(default_factory=list)
+    options: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "nodes": self.nodes, "mode": self.mode,
             "specializations": self.specializations, "fallback": self.fallback,
             "dynamic_nodes": self.dynamic_nodes, "reason": self.reason,
+            "inputs": self.inputs, "outputs": self.outputs, "boundary": self.boundary,
+            "dims": self.dims, "options": self.options,
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> "Region":
         return cls(doc["name"], doc["nodes"], doc["mode"], doc["specializations"],
-                   doc["fallback"], doc["dynamic_nodes"], doc["reason"])
+                   doc["fallback"], doc["dynamic_nodes"], doc["reason"],
+                   doc.get("inputs", []), doc.get("outputs", []), doc.get("boundary", ""),
+                   doc.get("dims", []), doc.get("options", []))
+
+    def cut(self, model: Model):
+        from .regions import RegionCut
+
+        return RegionCut(self.nodes, self.inputs or [i.name for i in model.proto.graph.input],
+                         self.outputs or [o.name for o in model.proto.graph.output], self.boundary)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Regions and their compile decisions for one model and target."""
+    """Regions and their compile decisions for one model and target.
+
+    ``predicted`` holds what the cost model expects of the plan (expected latency, compile
+    seconds, artifact bytes) when one was used; ``extra`` keeps keys other stages add to the JSON.
+    """
 
     model_name: str
     model_sha256: str
@@ -86,15 +128,19 @@ class Plan:
     versions: dict[str, str] = field(default_factory=tool_versions)
     # Shape-like inputs compiled as a fixed value: {name: {"dtype", "shape", "value", "reason"}}.
     constant_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         payload = {
+            **self.extra,
             "model": {"name": self.model_name, "sha256": self.model_sha256},
             "target": self.target,
             "settings": vars(self.settings),
             "coverage": self.coverage,
             "regions": [r.to_json() for r in self.regions],
             "constant_inputs": self.constant_inputs,
+            "predicted": self.predicted,
             "versions": self.versions,
         }
         return save_json_value(path, "plan", PLAN_VERSION, payload)
@@ -102,25 +148,61 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
         doc = load_json_value(path, "plan", PLAN_VERSION)
+        known = {"kind", "format_version", "model", "target", "settings", "coverage", "regions",
+                 "predicted", "constant_inputs", "versions"}
+        settings = {k: v for k, v in doc["settings"].items() if k in PlanSettings.__dataclass_fields__}
         return cls(
             model_name=doc["model"]["name"], model_sha256=doc["model"]["sha256"],
-            target=doc["target"], settings=PlanSettings(**doc["settings"]),
+            target=doc["target"], settings=PlanSettings(**settings),
             regions=[Region.from_json(r) for r in doc["regions"]],
             coverage=doc["coverage"], versions=doc["versions"],
             constant_inputs=doc.get("constant_inputs", {}),
+            predicted=doc.get("predicted", {}),
+            extra={k: v for k, v in doc.items() if k not in known},
         )
 
+    @property
+    def multi_region(self) -> bool:
+        """Whether build lowers it as several region functions called by ``main``."""
+        return len(self.regions) > 1 or bool(self.regions and self.regions[0].inputs)
+
     def summary(self) -> dict[str, Any]:
-        """The part of the plan an artifact's manifest keeps."""
+        """The part of the plan an artifact's manifest keeps (bench times regions from it)."""
         return {
             "policy": self.settings.policy, "coverage": self.coverage,
+            "predicted": self.predicted,
             "regions": [
                 {"name": r.name, "mode": r.mode, "fallback": r.fallback,
-                 "specializations": [s["dims"] for s in r.specializations], "reason": r.reason}
+                 "specializations": [s["dims"] for s in r.specializations], "reason": r.reason,
+                 "inputs": r.inputs, "outputs": r.outputs, "boundary": r.boundary,
+                 "predicted_ms": next((o.get("predicted_ms", {}) for o in r.options if o.get("chosen")), {})}
                 for r in self.regions
             ],
             "constant_inputs": {name: c["reason"] for name, c in self.constant_inputs.items()},
         }
+
+    def explain(self) -> str:
+        """A table per region: its options, predicted cost, which was chosen and why."""
+        lines = [f"plan for {self.model_name} on {self.target}, policy {self.settings.policy}"]
+        if self.predicted:
+            lines.append("predicted: " + ", ".join(f"{k} {v}" for k, v in self.predicted.items()))
+        for region in self.regions:
+            lines.append("")
+            lines.append(f"region {region.name} ({len(region.nodes)} nodes"
+                         f"{', ' + region.boundary if region.boundary else ''}; dims "
+                         f"{', '.join(region.dims) or 'none'}): {region.mode}")
+            if region.options:
+                lines.append(f"  {'option':44s} {'expected ms':>12s} {'compile s':>10s} {'chosen':>7s}")
+                for option in region.options:
+                    expected = option.get("expected_ms")
+                    compile_s = option.get("compile_s")
+                    lines.append(
+                        f"  {option['option'][:44]:44s} "
+                        f"{(f'{expected:.4f}' if expected is not None else '-'):>12s} "
+                        f"{(f'{compile_s:.2f}' if compile_s is not None else '-'):>10s} "
+                        f"{('yes' if option.get('chosen') else ''):>7s}")
+            lines.append(f"  why: {region.reason}")
+        return "\n".join(lines)
 
 
 def check_matches(model: Model, model_sha256: str, what: str) -> None:
@@ -132,46 +214,240 @@ def check_matches(model: Model, model_sha256: str, what: str) -> None:
         )
 
 
-def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = PlanSettings()) -> Plan:
-    """Decide how to compile ``model`` for ``target`` from what ``prof`` observed."""
+# Where an oracle's or a test's latencies come from: (region index, option, graph dims) -> ms.
+LatencyTable = Callable[[int, str, Mapping[str, int]], float]
+
+
+def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = PlanSettings(),
+         cost_model=None, measured: LatencyTable | None = None) -> Plan:
+    """Decide how to compile ``model`` for ``target`` from what ``prof`` observed.
+
+    ``auto`` uses ``cost_model`` (default: the target's committed one); ``oracle`` needs
+    ``measured`` (see ``costmodel.measure.latency_table``).
+    """
+    from .costmodel import decide
+    from .regions import cut_regions, region_dims
+
     settings.check()
     check_matches(model, prof.model_sha256, "profile")
-    nodes = model.node_names
+    fixed = constant_inputs(model, prof)
+    # Inputs compiled as constants are folded into the whole graph's import: such a model stays
+    # one region. A PyTorch program is one region too (regions cut ONNX graphs).
+    cuts = cut_regions(model, whole=bool(fixed))
     dynamic_nodes = [name for name, _ in model.control_flow]
     distribution = prof.shape_distribution()
-    reference = {tuple(sorted(s["dims"].items())): s["reference_ms"] for s in prof.shapes}
-
-    if not model.dynamic_dims:
-        region = Region("main", nodes, "static", [], False, dynamic_nodes,
+    whole = len(cuts) == 1
+    if not model.dynamic_dims and whole:
+        region = Region("main", cuts[0].nodes, "static", [], False, dynamic_nodes,
                         "every input dim is fixed: one static function")
         return Plan(model.name, model.sha256, target.name, settings, [region], 1.0,
-                    constant_inputs=constant_inputs(model, prof))
+                    constant_inputs=fixed)
 
-    chosen: list[dict[str, Any]] = []
-    if settings.policy == "specialize-seen":
-        for dims, share in distribution:
-            if len(chosen) >= settings.max_specializations or share < settings.min_share:
-                break
-            chosen.append({
-                "dims": dims, "share": round(share, 4),
-                "reference_ms": reference.get(tuple(sorted(dims.items()))),
-            })
-    coverage = round(sum(s["share"] for s in chosen), 4)
-    if chosen:
-        reason = (
-            f"policy {settings.policy}: {len(chosen)} shape(s) each seen in at least "
-            f"{settings.min_share:.0%} of {prof.sample_count} samples cover {coverage:.0%}; "
-            f"every other shape runs the symbolic fallback"
-        )
-        mode = "specialized"
+    spaces = []
+    all_dims = []
+    for index, cut in enumerate(cuts):
+        dims = region_dims(model, cut)
+        all_dims.append(dims)
+        graph_dims = [d for d in dims if d in model.dynamic_dims]
+        spaces.append(decide.region_space(index, graph_dims, distribution, len(cut.nodes)))
+
+    latency, cost_model = _latency_source(model, prof, target, settings, cuts, cost_model, measured)
+    budgets = decide.Budgets(settings.compile_budget_s, settings.max_artifact_mb * 1e6)
+    if cost_model is not None:
+        budgets.seconds_of = cost_model.compile_seconds
+        budgets.bytes_of = cost_model.library_bytes
+        budgets.fixed_bytes = float(sum(len(i.raw_data) for i in model.proto.graph.initializer))
+    elif settings.compile_budget_s or settings.max_artifact_mb:
+        from .costmodel.model import default_path
+
+        if default_path(target).is_file():
+            from .costmodel.model import CostModel
+
+            loaded = CostModel.load(default_path(target))
+            budgets.seconds_of, budgets.bytes_of = loaded.compile_seconds, loaded.library_bytes
+            budgets.fixed_bytes = float(sum(len(i.raw_data) for i in model.proto.graph.initializer))
+        else:
+            raise StageInputError(f"--compile-budget-s and --max-artifact-mb need a cost model for "
+                                  f"target '{target.name}'; run `edgec costmodel train` first")
+
+    ks, whys = [], []
+    for space in spaces:
+        k, why = _policy_choice(space, settings, distribution, latency, prof.sample_count)
+        ks.append(k)
+        whys.append(why)
+    if latency is not None:
+        def loss(space, k):
+            return (decide.expected_ms(space, k - 1, distribution, latency)
+                    - decide.expected_ms(space, k, distribution, latency))
     else:
-        why = ("policy symbolic" if settings.policy == "symbolic" else
-               f"no shape reached {settings.min_share:.0%} of {prof.sample_count} samples")
-        reason = f"{why}: one symbolic function over {', '.join(model.dynamic_dims)}"
-        mode = "symbolic"
-    region = Region("main", nodes, mode, chosen, True, dynamic_nodes, reason)
-    return Plan(model.name, model.sha256, target.name, settings, [region], coverage,
-                constant_inputs=constant_inputs(model, prof))
+        def loss(space, k):
+            return space.hot[k - 1][1]
+    wanted = list(ks)
+    ks, notes = decide.fit_budgets(spaces, ks, budgets, loss)
+    for index, (want, got) in enumerate(zip(wanted, ks)):
+        if got < want:
+            whys[index] += (f"; cut to {got} specialization(s) to fit the predicted compile-time/"
+                            f"artifact budget")
+    if notes and notes[-1].startswith("budget cannot"):
+        whys = [w + f"; {notes[-1]}" for w in whys]
+
+    reference = {tuple(sorted(s["dims"].items())): s["reference_ms"] for s in prof.shapes}
+    regions = []
+    for index, (cut, space, k, why) in enumerate(zip(cuts, spaces, ks, whys)):
+        name = "main" if whole else f"region_{index}"
+        options = _options_table(space, k, settings, distribution, latency, budgets) if space.dims else []
+        chosen = []
+        for shape, share in space.hot[:k]:
+            entry = {"dims": dict(shape), "share": round(share, 4)}
+            if whole:
+                entry["reference_ms"] = reference.get(tuple(sorted(shape)))
+            chosen.append(entry)
+        if not all_dims[index]:
+            mode, fallback, why = "static", False, "no symbolic dim reaches this region: one static function"
+        elif chosen:
+            mode, fallback = "specialized", True
+        else:
+            mode, fallback = "symbolic", True
+            if not space.dims:
+                why = (f"its dims ({', '.join(all_dims[index])}) depend on values, not on the "
+                       f"profiled input dims: one symbolic function")
+        regions.append(Region(
+            name, cut.nodes, mode, chosen, fallback,
+            [n for n in dynamic_nodes if n in cut.nodes], why,
+            [] if whole else cut.inputs, [] if whole else cut.outputs, cut.boundary,
+            list(space.dims), options))
+    coverage = _coverage(spaces, ks, distribution)
+    predicted = {}
+    if latency is not None:
+        predicted["expected_ms"] = round(sum(decide.expected_ms(s, k, distribution, latency)
+                                             for s, k in zip(spaces, ks)), 5)
+    seconds, size = decide.totals(spaces, ks, budgets)
+    if seconds is not None:
+        predicted["compile_s"] = round(seconds, 2)
+        predicted["artifact_mb"] = round(size / 1e6, 3)
+    return Plan(model.name, model.sha256, target.name, settings, regions, coverage, predicted=predicted,
+                constant_inputs=fixed)
+
+
+def _coverage(spaces, ks, distribution) -> float:
+    """The share of samples every region of which runs a specialized (or static) function."""
+    covered = 0.0
+    for graph_dims, share in distribution:
+        if all(not s.dims or s.specialized_at(k, graph_dims) for s, k in zip(spaces, ks)) and \
+                any(k > 0 for k in ks):
+            covered += share
+    return round(covered, 4)
+
+
+def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
+    """The latency function the plan predicts with (the one ``auto`` and ``oracle`` decide by;
+    the fixed policies only record it, and it is None for them without a cost model), and the
+    cost model (for budgets)."""
+    if model.proto is None:  # the cost model's features are read from the ONNX graph
+        if settings.policy in ("auto", "oracle"):
+            raise EdgecError(f"policy {settings.policy} plans ONNX models; plan a PyTorch program "
+                             f"with --policy specialize-seen, specialize-then-generalize or symbolic")
+        if settings.compile_budget_s or settings.max_artifact_mb:
+            raise EdgecError("--compile-budget-s and --max-artifact-mb need the cost model, which "
+                             "reads ONNX models; leave them out for a PyTorch program")
+        return None, None
+    if settings.policy == "oracle":
+        if measured is None:
+            raise EdgecError("policy oracle measures every option: pass samples "
+                             "(`edgec plan --policy oracle --samples DIR`)")
+        return measured, cost_model
+    from .costmodel.features import loop_trips, region_features
+    from .costmodel.model import CostModel, default_path, load_for
+    from .regions import region_dims
+
+    if settings.policy != "auto":
+        # A fixed policy decides without the cost model; with one at hand, the plan still
+        # records its predictions (bench sets them beside its measurements).
+        if cost_model is None and not default_path(target).is_file():
+            return None, None
+        try:
+            cost_model = cost_model or CostModel.load(default_path(target))
+        except EdgecError:
+            return None, None
+    cost_model = cost_model or load_for(target)
+    trips = loop_trips(prof.control_flow)
+    static_regions = [not region_dims(model, cut) for cut in cuts]
+    cache: dict[tuple, float] = {}
+
+    def predict(index: int, option: str, graph_dims: Mapping[str, int]) -> float:
+        key = (index, option, tuple(sorted(graph_dims.items())))
+        if key not in cache:
+            feats = region_features(model, cuts[index], graph_dims, option, target, trips,
+                                    static=static_regions[index])
+            cache[key] = float(cost_model.predict_ms([feats])[0])
+        return cache[key]
+
+    if settings.policy != "auto":
+        try:
+            predict(0, "symbolic", prof.shape_distribution()[0][0] if prof.shapes else {})
+        except Exception:  # predictions are a record only here: a model they fail on plans without
+            return None, cost_model
+    return predict, cost_model
+
+
+def _policy_choice(space, settings: PlanSettings, distribution, latency, samples: int) -> tuple[int, str]:
+    """How many hot shapes the policy specializes in this region, and why."""
+    from .costmodel import decide
+
+    if not space.dims:
+        return 0, "no profiled dim reaches this region"
+    limit = min(settings.max_specializations, len(space.hot))
+    policy = settings.policy
+    if policy == "symbolic":
+        return 0, "policy symbolic: one symbolic function"
+    if policy == "specialize-then-generalize":
+        k = min(1, limit)
+        return k, ("policy specialize-then-generalize: the most frequent shape is specialized, "
+                   "every other generalizes to the symbolic fallback")
+    if policy == "specialize-seen":
+        k = 0
+        while k < limit and space.hot[k][1] >= settings.min_share:
+            k += 1
+        if k == 0:
+            return 0, f"no shape reached {settings.min_share:.0%} of {samples} samples: symbolic"
+        coverage = sum(share for _, share in space.hot[:k])
+        return k, (f"policy specialize-seen: {k} shape(s) each seen in at least "
+                   f"{settings.min_share:.0%} of {samples} samples cover {coverage:.0%}; every "
+                   f"other shape runs the symbolic fallback")
+    source = "predicted" if policy == "auto" else "measured"
+    costs = [decide.expected_ms(space, k, distribution, latency) for k in range(limit + 1)]
+    # The least expected latency; an exact tie goes to fewer functions (less to compile). What
+    # more functions cost is the budgets' business (--compile-budget-s, --max-artifact-mb).
+    best = min(range(limit + 1), key=lambda k: (costs[k], k))
+    if best == 0:
+        why = (f"{policy}: symbolic is the least {source} expected latency "
+               f"({costs[0]:.4f} ms; best specialized {min(costs[1:], default=costs[0]):.4f} ms)")
+    else:
+        why = (f"{policy}: specializing the {best} hottest shape(s) gives the least {source} "
+               f"expected latency, {costs[best]:.4f} ms against {costs[0]:.4f} ms symbolic")
+    return best, why
+
+
+def _options_table(space, chosen_k, settings, distribution, latency, budgets) -> list[dict[str, Any]]:
+    from .costmodel import decide
+
+    rows = []
+    for k in range(min(settings.max_specializations, len(space.hot)) + 1):
+        shapes = [decide.dims_key(dict(s)) for s, _ in space.hot[:k]]
+        row: dict[str, Any] = {
+            "option": "symbolic" if k == 0 else f"specialized [{'; '.join(shapes)}]",
+            "specializations": k, "chosen": k == chosen_k,
+        }
+        if latency is not None:
+            row["expected_ms"] = round(decide.expected_ms(space, k, distribution, latency), 5)
+            row["predicted_ms"] = {
+                decide.dims_key(g): round(latency(space.index, decide.option_at(space, k, g), g), 5)
+                for g, _ in distribution}
+        if budgets.seconds_of is not None:
+            # This region's share: the fixed cost of a build is counted once, in plan.predicted.
+            row["compile_s"] = round(budgets.seconds_of(space.nodes * (1 + k)) - budgets.seconds_of(0), 3)
+        rows.append(row)
+    return rows
 
 
 def constant_inputs(model: Model, prof: Profile) -> dict[str, dict[str, Any]]:

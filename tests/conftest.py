@@ -68,3 +68,9 @@ def mlp_artifact(tmp_path_factory):
     path = root / "mlp.edgec"
     artifact.save(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _measurements_in_tmp(tmp_path_factory, monkeypatch):
+    """Benchmarks run by tests append to a temporary measurement store, not the committed one."""
+    monkeypatch.setenv("EDGEC_MEASUREMENTS_DIR", str(tmp_path_factory.mktemp("measurements")))

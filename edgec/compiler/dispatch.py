@@ -27,12 +27,14 @@ def symbolic_vars(func: relax.Function) -> dict[str, tirx.Var]:
     return found
 
 
-def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int]]) -> tvm.IRModule:
+def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int]],
+                       prefix: str = "") -> tvm.IRModule:
     """Return a module whose ``main`` dispatches to one static function per specialization.
 
     ``specializations`` are assignments of ``main``'s symbolic dims; a dim left out stays symbolic
     in that specialization. The original ``main`` becomes ``generic``, the fallback for every other
     shape. The input module is not changed. With no specializations it is returned as is.
+    ``prefix`` goes before the new functions' names (``generic``, ``spec_i``).
     """
     if not specializations:
         return mod
@@ -48,11 +50,11 @@ def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int
     builder = relax.BlockBuilder(
         tvm.IRModule({gvar: func for gvar, func in mod.functions.items() if gvar.name_hint != "main"},
                      attrs=mod.attrs))
-    generic_gv = builder.add_func(generic, "generic")
+    generic_gv = builder.add_func(generic, f"{prefix}generic")
     specialized = []
     for index, spec in enumerate(specializations):
         func = generic.bind_symbolic_vars(dict(spec))
-        specialized.append((builder.add_func(func, f"spec_{index}"), spec, func))
+        specialized.append((builder.add_func(func, f"{prefix}spec_{index}"), spec, func))
 
     main = relax.utils.copy_with_new_vars(generic)
     dims = symbolic_vars(main)
@@ -75,3 +77,81 @@ def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int
         output = builder.emit(body)
         builder.emit_func_output(output)
     return builder.get()
+
+
+# ---------------------------------------------------------------------------------------------
+# Regions: one Relax function per region, each with its own shape dispatch, called by ``main``.
+
+
+def _rename_main(mod: tvm.IRModule, name: str) -> tvm.IRModule:
+    """``mod`` with ``main`` renamed ``name`` (its other functions keep their GlobalVars)."""
+    builder = relax.BlockBuilder(
+        tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"},
+                     attrs=mod.attrs))
+    builder.add_func(mod["main"].with_attr("global_symbol", name), name)
+    return builder.get()
+
+
+def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
+    """One module whose ``main`` calls one function per region in order.
+
+    Each entry of ``regions`` has ``name``, ``nodes``, ``inputs``, ``outputs`` and
+    ``specializations`` (assignments of that region's symbolic dims). A region with
+    specializations becomes ``NAME`` dispatching to ``NAME__spec_i`` or ``NAME__generic``; without
+    them ``NAME`` is its one symbolic function. Every function stays callable by name, so a
+    region can be timed alone.
+    """
+    from ..model import from_proto
+    from ..regions import RegionCut, region_model
+    from .frontend import import_onnx
+
+    functions: dict[relax.GlobalVar, relax.Function] = {}
+    attrs = None
+    region_gvs = []
+    for region in regions:
+        cut = RegionCut(region["nodes"], region["inputs"], region["outputs"], "")
+        sub = import_onnx(from_proto(region_model(model, cut, region["name"]),
+                                     f"{model.name}.{region['name']}"))
+        sub = add_shape_dispatch(sub, region.get("specializations", []), prefix=f"{region['name']}__")
+        sub = _rename_main(sub, region["name"])
+        attrs = attrs or sub.attrs
+        for gv, func in sub.functions.items():
+            if any(existing.name_hint == gv.name_hint for existing in functions):
+                raise ValueError(f"two regions define a function '{gv.name_hint}'")
+            functions[gv] = func
+            if gv.name_hint == region["name"]:
+                region_gvs.append(gv)
+
+    builder = relax.BlockBuilder(tvm.IRModule(functions, attrs=attrs))
+    dims: dict[str, tirx.Var] = {}
+    params = []
+    for spec in model.inputs:
+        shape = [d if isinstance(d, int) else dims.setdefault(d, tirx.Var(d, "int64")) for d in spec.dims]
+        params.append(relax.Var(spec.name, relax.TensorType(shape, spec.dtype)))
+    env: dict[str, relax.Expr] = {spec.name: p for spec, p in zip(model.inputs, params)}
+    with builder.function("main", params):
+        for region, gv in zip(regions, region_gvs):
+            result = builder.emit(relax.Call(gv, [env[name] for name in region["inputs"]]))
+            if len(region["outputs"]) == 1:
+                env[region["outputs"][0]] = result
+            else:
+                for index, name in enumerate(region["outputs"]):
+                    env[name] = builder.emit(relax.TupleGetItem(result, index))
+        outputs = [env[o.name] for o in model.outputs]
+        builder.emit_func_output(outputs[0] if len(outputs) == 1 else relax.Tuple(outputs))
+    return builder.get()
+
+
+def region_functions(regions) -> list[dict]:
+    """The VM functions ``lower_regions`` creates for ``regions`` (plan Regions), by region."""
+    functions = []
+    for region in regions:
+        kind = {"static": "static", "symbolic": "symbolic"}.get(region.mode, "dispatch")
+        functions.append({"name": region.name, "kind": kind, "region": region.name})
+        for i, spec in enumerate(region.specializations):
+            functions.append({"name": f"{region.name}__spec_{i}", "kind": "specialized",
+                              "region": region.name, "dims": spec["dims"], "share": spec["share"]})
+        if region.specializations:
+            functions.append({"name": f"{region.name}__generic", "kind": "symbolic fallback",
+                              "region": region.name})
+    return functions

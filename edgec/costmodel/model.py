@@ -1,0 +1,102 @@
+"""A fitted cost model: region latency, compile seconds and library bytes, saved as JSON.
+
+Saved at ``autotune/<target>/costmodel.json`` (``edgec costmodel train``); the one for x86_64 is
+committed so a fresh install plans with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import StageInputError
+from ..fileio import load_json_value, save_json_value
+from ..targets import Target
+from . import learn
+from .features import FEATURE_NAMES, vector
+from .store import COSTMODEL_FILE, target_dir
+
+COSTMODEL_VERSION = 1
+
+
+@dataclass
+class CostModel:
+    """Predicts ``ms`` from features; ``compile`` holds ``[a, b]`` of ``seconds = a + b*copies``
+    and ``bytes = a + b*copies`` where ``copies`` counts region nodes once per compiled function."""
+
+    target: str
+    learner: Any
+    feature_names: list[str]
+    compile: dict[str, list[float]]
+    training: dict[str, Any] = field(default_factory=dict)
+
+    def predict_ms(self, features: list[Mapping[str, float]]) -> np.ndarray:
+        if not features:
+            return np.zeros(0)
+        x = np.asarray([vector(f, self.feature_names) for f in features])
+        return np.exp(self.learner.predict(x))
+
+    def compile_seconds(self, node_copies: float) -> float:
+        a, b = self.compile.get("seconds", [0.0, 0.0])
+        return a + b * node_copies
+
+    def library_bytes(self, node_copies: float) -> float:
+        a, b = self.compile.get("bytes", [0.0, 0.0])
+        return a + b * node_copies
+
+    def save(self, path: str | Path) -> Path:
+        return save_json_value(path, "costmodel", COSTMODEL_VERSION, {
+            "target": self.target, "feature_names": self.feature_names,
+            "latency": self.learner.to_json(), "compile": self.compile, "training": self.training,
+        })
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostModel":
+        doc = load_json_value(path, "costmodel", COSTMODEL_VERSION)
+        return cls(doc["target"], learn.from_json(doc["latency"]), doc["feature_names"],
+                   doc["compile"], doc.get("training", {}))
+
+
+def default_path(target: Target | str) -> Path:
+    return target_dir(target) / COSTMODEL_FILE
+
+
+def load_for(target: Target) -> CostModel:
+    """The target's fitted model; a one-line error naming how to make it when there is none."""
+    path = default_path(target)
+    if not path.is_file():
+        raise StageInputError(
+            f"target '{target.name}' has no cost model at '{path}'; run `edgec costmodel collect "
+            f"--target {target.name}` and `edgec costmodel train --target {target.name}`, or plan "
+            f"with a fixed --policy")
+    return CostModel.load(path)
+
+
+def fit(rows: list[dict[str, Any]], builds: list[dict[str, Any]], target: str) -> CostModel:
+    """Fit on measurement ``rows`` (with ``features`` and ``ms``) and ``builds`` (with
+    ``node_copies``, ``compile_s``, ``library_bytes``)."""
+    if not rows:
+        raise StageInputError(f"no region measurements for target '{target}' to train on")
+    names = list(FEATURE_NAMES)
+    x = np.asarray([vector(r["features"], names) for r in rows])
+    y = np.log(np.asarray([max(r["ms"], 1e-4) for r in rows]))
+    groups = [r["model"] for r in rows]
+    selection = learn.select_learner(x, y, groups)
+    learner = learn.make(selection.learner).fit(x, y)
+    compile_fit = {
+        "seconds": learn.fit_linear([b["node_copies"] for b in builds], [b["compile_s"] for b in builds]),
+        "bytes": learn.fit_linear([b["node_copies"] for b in builds], [b["library_bytes"] for b in builds]),
+    }
+    training = {"rows": len(rows), "builds": len(builds), "models": sorted(set(groups)),
+                "learner": selection.learner, "held_out": selection.held_out}
+    return CostModel(target, learner, names, compile_fit, training)
+
+
+def log_ratio_noise(pairs: list[tuple[float, float]]) -> float:
+    """Median |log(a/b)| over pairs of repeated measurements, as a fraction (0.05 = 5%)."""
+    values = [abs(math.log(a / b)) for a, b in pairs if a > 0 and b > 0]
+    return float(np.median(values)) if values else float("nan")

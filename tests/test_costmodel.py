@@ -1,0 +1,166 @@
+import json
+
+import numpy as np
+import pytest
+
+from conftest import MLP_SHAPES, mlp_model, mlp_samples
+from edgec.costmodel import learn
+from edgec.costmodel.evaluate import _best_rows, plan_expected_ms
+from edgec.costmodel.features import FEATURE_NAMES, region_features
+from edgec.costmodel.measure import measure_model
+from edgec.costmodel.model import CostModel, default_path, fit
+from edgec.costmodel.store import append_measurements, load_measurements, measurements_path
+from edgec.errors import StageInputError
+from edgec.model import from_proto
+from edgec.plan import PlanSettings, plan
+from edgec.profile import profile
+from edgec.regions import cut_regions
+from edgec.samples import Sample
+from edgec.targets import load_target
+
+TARGET = load_target("x86_64")
+MLP = from_proto(mlp_model(), "mlp")
+
+
+def test_features_count_the_work_at_a_shape():
+    cut = cut_regions(MLP)[0]
+    small = region_features(MLP, cut, {"batch": 1, "seq": 4}, "symbolic", TARGET)
+    big = region_features(MLP, cut, {"batch": 2, "seq": 8}, "specialized", TARGET)
+    assert list(small) == list(FEATURE_NAMES)
+    # MatMul [1,4,16]x[16,8]: 2*4*8*16 FLOPs, plus the Relu's 32 outputs.
+    assert 10 ** small["log_flops"] - 1 == pytest.approx(2 * 4 * 8 * 16 + 32, rel=1e-4)
+    assert big["log_flops"] == pytest.approx(small["log_flops"] + np.log10(4), abs=0.01)
+    assert small["static"] == 0 and big["static"] == 1 and big["static_x_log_nodes"] > 0
+    assert small["frac_matmul"] == 0.5 and small["target_vector_bits"] == 256
+
+
+@pytest.mark.parametrize("name", learn.LEARNERS)
+def test_learners_fit_and_round_trip_through_json(name):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 3, (120, len(FEATURE_NAMES)))
+    x[:, FEATURE_NAMES.index("static")] = rng.integers(0, 2, 120)
+    y = np.log(1e-3 * 10 ** x[:, FEATURE_NAMES.index("log_flops")] + 0.01)
+    model = learn.make(name).fit(x, y)
+    again = learn.from_json(json.loads(json.dumps(model.to_json())))
+    np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-6, atol=1e-6)
+    assert learn.spearman(model.predict(x), y) > 0.9
+
+
+def test_select_learner_prefers_trees_where_order_is_not_linear():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((160, 4))
+    y = x[:, 0] ** 2 + 0.05 * rng.standard_normal(160)  # no linear function ranks this
+    groups = [f"m{i % 4}" for i in range(160)]
+    chosen = learn.select_learner(x, y, groups, ("ridge", "gbdt"))
+    assert set(chosen.held_out) == {"ridge", "gbdt"} and chosen.learner == "gbdt"
+    assert chosen.held_out["gbdt"]["rank_error"] < chosen.held_out["ridge"]["rank_error"]
+
+
+def test_spearman_and_mape():
+    assert learn.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert learn.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert learn.spearman([1, 1, 2], [5, 6, 7]) == pytest.approx(np.sqrt(3) / 2)
+    assert learn.mape(np.array([1.1, 0.9]), np.array([1.0, 1.0])) == pytest.approx(0.1)
+
+
+def test_store_appends_whole_lines_and_skips_a_torn_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGEC_MEASUREMENTS_DIR", str(tmp_path))
+    with pytest.raises(StageInputError, match="costmodel collect"):
+        load_measurements(TARGET)
+    append_measurements(TARGET, [{"a": 1}, {"b": 2}])
+    path = measurements_path(TARGET)
+    assert path == tmp_path / "x86_64" / "measurements.jsonl"
+    with open(path, "a") as handle:
+        handle.write('{"torn": ')
+    append_measurements(TARGET, [])
+    assert load_measurements(TARGET) == [{"a": 1}, {"b": 2}]
+
+
+@pytest.fixture(scope="module")
+def mlp_measured():
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
+    prof = profile(MLP, samples)
+    return prof, measure_model(MLP, prof, samples, TARGET, max_specializations=2, runs=2, batches=1)
+
+
+def test_measure_times_every_option_and_feeds_fit_and_oracle(mlp_measured):
+    prof, measured = mlp_measured
+    rows = measured.rows
+    options = {(tuple(sorted(r["dims"].items())), r["option"]) for r in rows}
+    hot = [((("batch", 1), ("seq", 8))), ((("batch", 2), ("seq", 4)))]
+    for shape in hot:
+        assert (shape, "specialized") in options and (shape, "symbolic") in options
+    assert ((("batch", 3), ("seq", 5)), "specialized") not in options
+    assert ((("batch", 3), ("seq", 5)), "fallback") in options
+    assert all(r["ms"] > 0 and r["region"] == "region_0" and r["features"] for r in rows)
+    assert measured.build["node_copies"] == 2 * 3 and measured.build["library_bytes"] > 0
+    assert set(measured.main_ms) == {"batch=1,seq=8", "batch=2,seq=4", "batch=1,seq=3", "batch=3,seq=5"}
+
+    table = measured.table()
+    oracle = plan(MLP, prof, TARGET, PlanSettings("oracle", max_specializations=2), measured=table)
+    symbolic = plan(MLP, prof, TARGET, PlanSettings("symbolic"))
+    assert plan_expected_ms(oracle, MLP, prof, table) <= plan_expected_ms(symbolic, MLP, prof, table) + 1e-9
+
+    fitted = fit(_best_rows(rows * 2), [measured.build, {**measured.build, "node_copies": 2,
+                                                         "compile_s": 1.0, "library_bytes": 10}], "x86_64")
+    assert fitted.training["learner"] in learn.LEARNERS
+    assert fitted.compile_seconds(6) >= fitted.compile_seconds(2)
+
+
+def test_costmodel_saves_as_json_and_a_missing_one_is_a_clear_error(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    rows = [{"model": f"m{i % 3}", "features": dict(zip(FEATURE_NAMES, rng.uniform(0, 2, len(FEATURE_NAMES)))),
+             "ms": float(rng.uniform(0.01, 1))} for i in range(30)]
+    fitted = fit(rows, [], "x86_64")
+    path = fitted.save(tmp_path / "cm.json")
+    assert json.loads(path.read_text())["kind"] == "costmodel"
+    again = CostModel.load(path)
+    feats = [r["features"] for r in rows[:5]]
+    np.testing.assert_allclose(again.predict_ms(feats), fitted.predict_ms(feats), rtol=1e-6)
+    monkeypatch.setenv("EDGEC_AUTOTUNE_DIR", str(tmp_path / "none"))
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
+    with pytest.raises(StageInputError, match="costmodel train"):
+        plan(MLP, profile(MLP, samples), TARGET, PlanSettings("auto"))
+
+
+def test_the_committed_x86_64_model_loads_and_plans():
+    if not default_path(TARGET).is_file():
+        pytest.fail("autotune/x86_64/costmodel.json is not committed")
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
+    prof = profile(MLP, samples)
+    result = plan(MLP, prof, TARGET, PlanSettings("auto"))
+    assert result.predicted["expected_ms"] > 0 and result.regions[0].options
+    # A fixed policy decides alone but still records what the model predicts of its plan.
+    fixed = plan(MLP, prof, TARGET, PlanSettings("symbolic"))
+    assert fixed.predicted["expected_ms"] > 0 and not fixed.regions[0].specializations
+    assert fixed.summary()["regions"][0]["predicted_ms"]
+
+
+def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
+    from edgec.bench import BenchSettings, bench, record_measurements
+    from edgec.build import build
+    from test_dispatch import nonzero_model
+    from test_plan import _table
+
+    model = from_proto(nonzero_model(), "nonzero")
+    rng = np.random.default_rng(0)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((b, 4)).astype(np.float32)})
+               for i, b in enumerate([2, 2, 3])]
+    prof = profile(model, samples)
+    the_plan = plan(model, prof, TARGET, PlanSettings("oracle", 1), measured=_table({0}))
+    path = build(model, the_plan, [TARGET]).save(tmp_path / "nz.edgec")
+    result = bench(path, model, samples, BenchSettings(runs=2, warmup=1), baselines=("onnxruntime",))
+    rows = result["regions"]
+    assert [(r["region"], r["shape"]) for r in rows] == [
+        (f"region_{i}", s) for s in ("batch=2", "batch=3") for i in range(3)]
+    # batch=3 is not hot: region 0's dispatch finds no static copy and runs its fallback.
+    assert [r["option"] for r in rows] == ["specialized", "symbolic", "symbolic",
+                                           "fallback", "symbolic", "symbolic"]
+    assert all(r["measured_ms"] > 0 for r in rows)
+    # The oracle's table predicted 0.01 * batch for region 0 (half when specialized).
+    assert rows[0]["predicted_ms"] == pytest.approx(0.01) and rows[3]["predicted_ms"] == pytest.approx(0.03)
+
+    record_measurements("x86_64", model, rows, threads=2)
+    stored = load_measurements(TARGET)
+    assert len(stored) == 6 and all(r["source"] == "bench" and r["features"] for r in stored)
+    assert stored[0]["predicted_ms"] == rows[0]["predicted_ms"] and stored[0]["ms"] == rows[0]["measured_ms"]
