@@ -7,6 +7,7 @@ A target is data. The code for a *kind* of target (an LLVM CPU, CUDA) lives in
 from __future__ import annotations
 
 import difflib
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from .errors import TargetError
 
 TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
+AUTOTUNE_DIR = Path(__file__).resolve().parent.parent / "autotune"
 KNOWN_KINDS = ("llvm", "cuda")
 KNOWN_RUN_MODES = ("local", "qemu", "rpc")
 
@@ -140,3 +142,11 @@ def default_target(directory: Path = TARGETS_DIR) -> Target:
         raise TargetError(f"no target in '{directory}' runs on this machine ({host_arch()}); "
                           f"pass --target (see `edgec targets`)")
     return load_target(name, directory)
+
+
+def autotune_dir(target: "Target | str") -> Path:
+    """What edgec learned about a target (tuning records, measurements, cost model):
+    ``autotune/<target>/``, or ``$EDGEC_AUTOTUNE_DIR/<target>/`` when that variable is set."""
+    root = os.environ.get("EDGEC_AUTOTUNE_DIR")
+    name = target if isinstance(target, str) else target.name
+    return (Path(root) if root else AUTOTUNE_DIR) / name

@@ -40,21 +40,14 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from .errors import CompileError, EdgecError, StageInputError, describe
-from .targets import Target
+from .targets import Target, autotune_dir
 
-AUTOTUNE_DIR = Path(__file__).resolve().parent.parent / "autotune"
 RECORDS_FILE = "tuning_records.jsonl"
-
-
-def database_dir(target: Target) -> Path:
-    """``autotune/<target>/``, or ``$EDGEC_AUTOTUNE_DIR/<target>/`` when that variable is set."""
-    root = os.environ.get("EDGEC_AUTOTUNE_DIR")
-    return (Path(root) if root else AUTOTUNE_DIR) / target.name
 
 
 def open_database(target: Target, must_exist: bool = True) -> TuningDatabase | None:
     """The target's database; None (or an error, with ``must_exist``) when it has no records."""
-    path = database_dir(target) / RECORDS_FILE
+    path = autotune_dir(target) / RECORDS_FILE
     if not path.is_file() or path.stat().st_size == 0:
         if must_exist:
             raise StageInputError(f"target '{target.name}' has no tuning database at '{path}'; "
@@ -280,7 +273,7 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
                               f"MetaSchedule needs it: add the device's core count")
     _check_runs_here(target)
     tasks, tune_target = tuning_tasks(mod, target)
-    directory = database_dir(target)
+    directory = autotune_dir(target)
     database = TuningDatabase(directory / RECORDS_FILE)
     records_before = len(database)
     before = sum(database.records_for(t.dispatched[0]) for t in tasks)

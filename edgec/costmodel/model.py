@@ -15,10 +15,10 @@ import numpy as np
 
 from ..errors import StageInputError
 from ..fileio import load_json_value, save_json_value
-from ..targets import Target
+from ..targets import Target, autotune_dir
 from . import learn
 from .features import FEATURE_NAMES, vector
-from .store import COSTMODEL_FILE, target_dir
+from .store import COSTMODEL_FILE
 
 COSTMODEL_VERSION = 1
 
@@ -62,7 +62,7 @@ class CostModel:
 
 
 def default_path(target: Target | str) -> Path:
-    return target_dir(target) / COSTMODEL_FILE
+    return autotune_dir(target) / COSTMODEL_FILE
 
 
 def load_for(target: Target) -> CostModel:

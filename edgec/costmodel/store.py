@@ -15,25 +15,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import StageInputError
-from ..targets import Target
+from ..targets import Target, autotune_dir
 
-AUTOTUNE_DIR = Path(__file__).resolve().parent.parent.parent / "autotune"
 MEASUREMENTS_FILE = "measurements.jsonl"
 COSTMODEL_FILE = "costmodel.json"
-
-
-def target_dir(target: Target | str) -> Path:
-    """``autotune/<target>/``, or ``$EDGEC_AUTOTUNE_DIR/<target>/`` when that variable is set."""
-    root = os.environ.get("EDGEC_AUTOTUNE_DIR")
-    name = target if isinstance(target, str) else target.name
-    return (Path(root) if root else AUTOTUNE_DIR) / name
 
 
 def measurements_path(target: Target | str) -> Path:
     """The target's store: ``<autotune>/<target>/measurements.jsonl`` (see the module doc)."""
     root = os.environ.get("EDGEC_MEASUREMENTS_DIR")
     name = target if isinstance(target, str) else target.name
-    return (Path(root) / name if root else target_dir(target)) / MEASUREMENTS_FILE
+    return (Path(root) / name if root else autotune_dir(target)) / MEASUREMENTS_FILE
 
 
 def append_measurements(target: Target | str, rows: Iterable[dict[str, Any]]) -> Path:
