@@ -110,6 +110,7 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
             "tuning": library.tuning,
+            "tvm_kernels_parallel": library.tvm_kernels_parallel,
         }
     if rewrite is not None:
         quantization.mark_not_compiled(rewritten)

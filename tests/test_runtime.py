@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import textwrap
@@ -99,3 +100,19 @@ def test_out_of_range_indices_are_refused_before_the_kernel_sees_them(tmp_path):
     np.testing.assert_array_equal(loaded.run(sample.arrays)["emb"][1], [36, 37, 38, 39])
     with pytest.raises(SamplesError, match=r"holds 10, outside \[-10, 10\)"):
         loaded.run({"ids": np.array([3, 10], np.int64)})
+
+
+def test_serial_tvm_kernels_get_a_one_thread_tvm_pool(mlp_artifact):
+    # The MLP's matmuls go to oneDNN, so TVM's kernels are compiled serial: the runtime starts
+    # TVM's pool with one thread and gives oneDNN's OpenMP pool the threads asked for.
+    script = textwrap.dedent(f"""
+        import os
+        import edgec.runtime as rt
+        m = rt.load({str(mlp_artifact)!r}, threads=2)
+        print(m.manifest["libraries"][m.target]["tvm_kernels_parallel"],
+              os.environ["TVM_NUM_THREADS"], os.environ["OMP_NUM_THREADS"])
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env=env)
+    assert out.stdout.split() == ["False", "1", "2"]

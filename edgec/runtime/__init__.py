@@ -109,11 +109,14 @@ def _import_tvm_ffi() -> Any:
     return tvm_ffi
 
 
-def _ensure_runtime(threads: int) -> Any:
-    """Load libtvm_runtime once per process and return the ``tvm_ffi`` module."""
+def _ensure_runtime(threads: int, tvm_threads: int | None = None) -> Any:
+    """Load libtvm_runtime once per process and return the ``tvm_ffi`` module.
+
+    ``threads`` for oneDNN's OpenMP pool; ``tvm_threads`` (default ``threads``) for TVM's.
+    """
     global _runtime_loaded
     # The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
-    os.environ.setdefault("TVM_NUM_THREADS", str(threads))
+    os.environ.setdefault("TVM_NUM_THREADS", str(tvm_threads or threads))
     # Libraries with oneDNN run its kernels on OpenMP threads (read when libgomp loads, with the
     # model library). Spinning OpenMP threads between kernels made a small CNN 550x slower (72 ms
     # against 0.13 ms) while other processes kept the 2 cores busy: they sleep instead.
@@ -365,7 +368,11 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     artifact = open_artifact(path, require_signature)
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
-    tvm_ffi = _ensure_runtime(threads or _default_threads())
+    threads = threads or _default_threads()
+    # A library whose TVM kernels were compiled serial gets a one-thread TVM pool (codegen's
+    # CompiledLibrary.tvm_kernels_parallel).
+    serial = manifest["libraries"][chosen].get("tvm_kernels_parallel", True) is False
+    tvm_ffi = _ensure_runtime(threads, 1 if serial else threads)
     device = manifest["libraries"][chosen].get("device", "cpu")
     if device == "cuda":
         _ensure_cuda_runtime(manifest["libraries"][chosen], chosen, str(path))

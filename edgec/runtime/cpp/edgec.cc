@@ -1037,6 +1037,9 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
       info.sha256 = GetString(*entry, "sha256", "");
       info.arch = GetString(*entry, "arch", "");
       info.device = GetString(*entry, "device", "cpu");
+      if (auto parallel = entry->Get("tvm_kernels_parallel")) {
+        if (auto flag = parallel->try_cast<bool>()) info.tvm_kernels_parallel = *flag;
+      }
       if (auto features = entry->Get("cpu_features")) {
         if (auto list = features->try_cast<JsonArray>()) {
           for (const ffi::Any& feature : *list) {
@@ -1124,8 +1127,14 @@ Model Model::Load(const Artifact& artifact, const std::string& target, int threa
   model.target_ = artifact.SelectTarget(target);
   model.inputs_ = artifact.inputs();
   model.outputs_ = artifact.outputs();
-  // The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
-  setenv("TVM_NUM_THREADS", std::to_string(threads > 0 ? threads : DefaultThreads()).c_str(), 0);
+  // The VM's thread pool reads this once, when it starts; it otherwise runs one thread. A
+  // library whose TVM kernels are serial gets one (same rule as the Python runtime).
+  bool parallel = true;
+  for (const LibraryInfo& info : artifact.libraries()) {
+    if (info.target == model.target_) parallel = info.tvm_kernels_parallel;
+  }
+  setenv("TVM_NUM_THREADS",
+         std::to_string(!parallel ? 1 : threads > 0 ? threads : DefaultThreads()).c_str(), 0);
   // oneDNN's OpenMP threads (libgomp reads these when the model library loads it): as many as
   // the VM's, and sleeping between kernels; spinning ones made a small CNN 550x slower on a busy
   // 2-core machine (the Python runtime does the same).

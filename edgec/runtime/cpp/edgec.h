@@ -77,6 +77,7 @@ struct LibraryInfo {
   std::string sha256;
   std::string arch;
   std::string device;
+  bool tvm_kernels_parallel = true;  // false: TVM's kernels are serial, its pool gets one thread
   std::vector<std::string> cpu_features;  // as /proc/cpuinfo names them; checked before loading
 };
 
