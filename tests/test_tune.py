@@ -21,6 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 import edgec.runtime
 from edgec import tune as tune_lib
 from edgec.build import build
+from edgec.compiler import tuning_database
 from edgec.model import from_proto
 from edgec.plan import plan
 from edgec.profile import profile
@@ -67,7 +68,7 @@ def _tune_cmd(model_path: Path, trials: int, seed: int = 0) -> list[str]:
 
 
 def _record_lines(db_root: Path) -> list[str]:
-    path = db_root / TARGET / tune_lib.RECORDS_FILE
+    path = db_root / TARGET / tuning_database.RECORDS_FILE
     if not path.is_file():
         return []
     lines = []
@@ -127,13 +128,13 @@ def test_killed_tune_keeps_records_and_resumes(model_path, tmp_path):
     kept = _record_lines(db_root)
     assert len(kept) >= 2
     # A writer killed mid-line leaves a torn last line: make sure there is one.
-    with open(db_root / TARGET / tune_lib.RECORDS_FILE, "ab") as handle:
+    with open(db_root / TARGET / tuning_database.RECORDS_FILE, "ab") as handle:
         handle.write(b'{"key": "12345", "record": [[[0, "Get')
     out = _run_tune(model_path, db_root, trials=len(kept) + 2)
     assert f"{len(kept)} trials already in" in out
     after = _record_lines(db_root)
     assert after[:len(kept)] == kept and len(after) >= len(kept) + 2
-    text = (db_root / TARGET / tune_lib.RECORDS_FILE).read_bytes()
+    text = (db_root / TARGET / tuning_database.RECORDS_FILE).read_bytes()
     assert all(json.loads(line) for line in text.splitlines())  # the torn line was cut off
 
 
@@ -151,16 +152,16 @@ def test_concurrent_tunes_lose_no_records(model_path, tmp_path):
         ran += int(out.split(" run now")[0].rsplit(", ", 1)[1])
     records = _record_lines(db_root)
     assert ran >= 4 and len(records) == ran
-    database = tune_lib.TuningDatabase(db_root / TARGET / tune_lib.RECORDS_FILE)
+    database = tuning_database.TuningDatabase(db_root / TARGET / tuning_database.RECORDS_FILE)
     assert len(database) == ran and database.skipped_lines == 0
 
 
 def test_no_database_is_none_and_tune_requires_num_cores(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEC_AUTOTUNE_DIR", str(tmp_path))
     target = load_target(TARGET)
-    assert tune_lib.open_database(target, must_exist=False) is None
+    assert tuning_database.open_database(target, must_exist=False) is None
     with pytest.raises(tune_lib.StageInputError, match="edgec tune"):
-        tune_lib.open_database(target)
+        tuning_database.open_database(target)
     no_cores = load_target(TARGET).__class__(**{**target.__dict__, "tvm": {
         k: v for k, v in target.tvm.items() if k != "num-cores"}})
     with pytest.raises(tune_lib.StageInputError, match="num-cores"):
@@ -192,15 +193,15 @@ def _record(database, mod, seconds: float):
 def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
     """Two writers on one file (as two tune processes), then a torn last line: a reader gets
     every whole record, and the next append cuts the torn line off first."""
-    path = tmp_path / "db" / tune_lib.RECORDS_FILE
-    first, second = tune_lib.TuningDatabase(path), tune_lib.TuningDatabase(path)
+    path = tmp_path / "db" / tuning_database.RECORDS_FILE
+    first, second = tuning_database.TuningDatabase(path), tuning_database.TuningDatabase(path)
     _record(first, _kernel(8), 0.003)
     _record(second, _kernel(8), 0.001)   # the same kernel, committed by the other writer
     _record(second, _kernel(32), 0.002)
     _record(first, _kernel(8), 0.002)
     with open(path, "ab") as handle:
         handle.write(b'{"key": "1", "record": [[[0, "Ge')  # killed mid-line
-    reader = tune_lib.TuningDatabase(path)
+    reader = tuning_database.TuningDatabase(path)
     assert len(reader) == 4 and reader.skipped_lines == 1
     assert reader.records_for(_kernel(8)) == 3
     best = reader.get_top_k(reader.commit_workload(_kernel(8)), 1)[0]
@@ -208,7 +209,7 @@ def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
     _record(reader, _kernel(32), 0.001)
     lines = path.read_bytes().splitlines()
     assert all(json.loads(line) for line in lines)  # the torn line is gone
-    assert len(tune_lib.TuningDatabase(path)) == 5
+    assert len(tuning_database.TuningDatabase(path)) == 5
 
 
 def test_tune_refuses_a_target_this_machine_cannot_run():

@@ -31,6 +31,7 @@ from ..targets import Target
 from . import native, runtime_kernels
 from .codegen_cuda import CUDACodegen
 from .library_dispatch import DispatchRules, dispatch_with_stats
+from .tuning_database import open_database
 
 
 # A module rewrite run after library dispatch, returning the native addons its calls need.
@@ -121,7 +122,7 @@ class LLVMCodegen:
             )
         prepared = self.prepare(mod, target, library_rewrite)
         addons = prepared.addons
-        database = tuning_database(target)
+        database = open_database(target, must_exist=False)
         applied = _AppliedCount()
         try:
             pipeline = cpu_pipeline(tvm_target, parallel=prepared.parallel,
@@ -236,13 +237,6 @@ def cpu_pipeline(target: tvm.target.Target, parallel: bool = True, database=None
 def _prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
     return {gvar.name_hint: func for gvar, func in mod.functions.items()
             if isinstance(func, tvm.tirx.PrimFunc)}
-
-
-def tuning_database(target: Target):
-    """The target's tuning database (``autotune/<target>/``), or None when it has no records."""
-    from .. import tune  # tune builds on this module: imported here, not at the top
-
-    return tune.open_database(target, must_exist=False)
 
 
 @tvm.transform.module_pass(opt_level=0, name="EdgecFastErf")
