@@ -8,7 +8,8 @@ from typing import Any
 from .compiler.codegen import codegen_for
 from .compiler.dispatch import add_shape_dispatch
 from .compiler.frontend import import_onnx
-from .errors import EdgecError
+from .compiler.value_dispatch import add_value_dispatch
+from .errors import EdgecError, ModelError
 from .model import Model
 from .plan import Plan, check_matches
 from .provenance import tool_versions
@@ -44,6 +45,36 @@ def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
     return specs
 
 
+def _programs(model: Model, plan: Plan) -> list[tuple[list[TensorSpec], Any]]:
+    """The Relax modules to try compiling, best first, each with the inputs as the manifest
+    records them.
+
+    Inputs the plan fixed are compiled as their values. When the model also imports without
+    them, the first choice is a ``main`` that falls back to that general program for other
+    values (nothing to refuse); the second, and the only one otherwise, is the fixed program
+    alone, whose manifest marks the inputs ``fixed`` so the runtimes refuse other values.
+    """
+    inputs = fixed_inputs(model, plan)
+    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
+    fixed = import_onnx(model, constants)
+    if not constants or any(isinstance(d, str) for s in inputs if s.name in constants for d in s.dims):
+        return [(inputs, fixed)]  # a value check needs the input's shape fixed too
+    try:
+        general = import_onnx(model)
+    except ModelError:  # no general path
+        return [(inputs, fixed)]
+    return [(list(model.inputs), add_value_dispatch(fixed, general, constants)), (inputs, fixed)]
+
+
+def _compile(mod: Any, targets: list[Target]) -> list[tuple[Any, Any]]:
+    """Each target's codegen and the library it compiled ``mod`` into."""
+    compiled = []
+    for target in targets:
+        codegen = codegen_for(target)
+        compiled.append((codegen, codegen.compile(mod, target)))
+    return compiled
+
+
 def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
@@ -56,15 +87,18 @@ def build(model: Model, plan: Plan, targets: list[Target]) -> Artifact:
     if len(plan.regions) != 1:
         raise EdgecError(f"this edgec builds plans of one region; the plan has {len(plan.regions)}")
     specializations = [s["dims"] for s in plan.regions[0].specializations]
-    inputs = fixed_inputs(model, plan)
-    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
-    mod = add_shape_dispatch(import_onnx(model, constants), specializations)
+    programs = _programs(model, plan)
+    for attempt, (inputs, mod) in enumerate(programs):
+        try:
+            compiled = _compile(add_shape_dispatch(mod, specializations), targets)
+            break
+        except EdgecError:  # the general fallback may not compile: keep only the fixed program
+            if attempt == len(programs) - 1:
+                raise
     functions = _functions(plan)
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
-    for target in targets:
-        codegen = codegen_for(target)
-        library = codegen.compile(mod, target)
+    for target, (codegen, library) in zip(targets, compiled):
         file = f"lib/{target.name}.so"
         files[file] = library.data
         libraries[target.name] = {
