@@ -21,6 +21,14 @@ from onnx import AttributeProto, FunctionProto, NodeProto, TypeProto
 ALWAYS_EXPAND = {"Attention"}
 
 
+def _prefer_body(node: NodeProto) -> bool:
+    """Ops TVM converts, but not as ONNX specifies: their function body is used instead."""
+    if node.op_type in ALWAYS_EXPAND:
+        return True
+    # TVM's LayerNormalization returns Mean and InvStdDev as scalars, not reduced tensors.
+    return node.op_type == "LayerNormalization" and any(node.output[1:])
+
+
 def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool],
                      max_rounds: int = 4) -> onnx.ModelProto:
     """A copy of ``proto`` where every top-level node of an op without converter (or in
@@ -31,7 +39,7 @@ def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool
     def wanted(node: NodeProto) -> bool:
         if node.domain not in ("", "ai.onnx"):
             return False
-        if has_converter(node.op_type) and node.op_type not in ALWAYS_EXPAND:
+        if has_converter(node.op_type) and not _prefer_body(node):
             return False
         schema = _schema(node.op_type, opset)
         return schema is not None and (schema.has_function or schema.has_context_dependent_function)

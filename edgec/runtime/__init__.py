@@ -41,8 +41,13 @@ def aligned(array: np.ndarray) -> np.ndarray:
     64-byte aligned, else an aligned contiguous copy."""
     if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
         return array
-    if array.size == 0:  # no data to read: any writeable empty array will do
-        return np.empty(array.shape, array.dtype)
+    if array.size == 0:  # no data to read, but numpy's strides (all 0) are not compact for TVM
+        strides, step = [], array.itemsize
+        for dim in reversed(array.shape):
+            strides.append(step)
+            step *= dim
+        return np.lib.stride_tricks.as_strided(np.empty(1, array.dtype), array.shape,
+                                               tuple(reversed(strides)))
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-buffer.ctypes.data) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
