@@ -17,8 +17,9 @@ import onnx
 from onnx import AttributeProto, FunctionProto, NodeProto, TypeProto
 
 # TVM's "Attention" converter implements com.microsoft's Attention (num_heads, packed QKV), not
-# ONNX's opset-23 Attention; the ONNX op's function body is used instead.
-ALWAYS_EXPAND = {"Attention"}
+# ONNX's opset-23 Attention, and its RMSNormalization fails to compile when normalizing over
+# every axis; the ONNX ops' function bodies are used instead.
+ALWAYS_EXPAND = {"Attention", "RMSNormalization"}
 
 
 def _prefer_body(node: NodeProto) -> bool:

@@ -46,8 +46,8 @@ def aligned(array: np.ndarray) -> np.ndarray:
         for dim in reversed(array.shape):
             strides.append(step)
             step *= dim
-        return np.lib.stride_tricks.as_strided(np.empty(1, array.dtype), array.shape,
-                                               tuple(reversed(strides)))
+        raw = np.empty(1, f"u{array.itemsize}")  # as_strided cannot build ml_dtypes arrays
+        return np.lib.stride_tricks.as_strided(raw, array.shape, tuple(reversed(strides))).view(array.dtype)
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-buffer.ctypes.data) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
