@@ -46,8 +46,12 @@ def aligned(array: np.ndarray) -> np.ndarray:
         for dim in reversed(array.shape):
             strides.append(step)
             step *= dim
-        raw = np.empty(1, f"u{array.itemsize}")  # as_strided cannot build ml_dtypes arrays
-        return np.lib.stride_tricks.as_strided(raw, array.shape, tuple(reversed(strides))).view(array.dtype)
+        strides = tuple(reversed(strides))
+        if not dtypes.is_extended(array.dtype):
+            return np.lib.stride_tricks.as_strided(np.empty(1, array.dtype), array.shape, strides)
+        # as_strided cannot build ml_dtypes arrays: build unsigned ones and re-type them.
+        raw = np.empty(1, f"u{array.itemsize}")
+        return np.lib.stride_tricks.as_strided(raw, array.shape, strides).view(array.dtype)
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-buffer.ctypes.data) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
