@@ -168,3 +168,17 @@ def test_layer_normalization_mean_and_inv_std_keep_their_shapes():
     for value, expected in zip(got, _reference(model, [x])):
         assert value.shape == expected.shape
         np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_resize_axes_become_full_rank_arguments():
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], axes=[3, 2], mode="nearest",
+                              name="resize")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 6])],
+                   [numpy_helper.from_array(np.array([3.0, 2.0], np.float32), "scales")], opset=19)
+    folded = fold_constants(model)
+    resize = next(n for n in folded.graph.node if n.op_type == "Resize")
+    assert not any(a.name == "axes" for a in resize.attribute)
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    (y,) = conformance.run(model, [x])
+    np.testing.assert_array_equal(y, _reference(model, [x])[0])
