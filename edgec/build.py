@@ -8,6 +8,7 @@ from typing import Any
 from .compiler.codegen import codegen_for
 from .compiler.dispatch import add_shape_dispatch, lower_regions, region_functions
 from .compiler.frontend import import_onnx
+from .compiler.value_dispatch import add_value_dispatch
 from .errors import EdgecError, ModelError, describe
 from .model import Model
 from .plan import Plan, check_matches
@@ -58,6 +59,37 @@ def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
     return specs
 
 
+def _programs(model: Model, plan: Plan) -> list[tuple[list[TensorSpec], Any]]:
+    """The Relax modules to try compiling, best first, each with the inputs as the manifest
+    records them.
+
+    Inputs the plan fixed are compiled as their values. When the model also imports without
+    them, the first choice is a ``main`` that falls back to that general program for other
+    values (nothing to refuse); the second, and the only one otherwise, is the fixed program
+    alone, whose manifest marks the inputs ``fixed`` so the runtimes refuse other values.
+    """
+    inputs = fixed_inputs(model, plan)
+    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
+    fixed = _import(model, constants)
+    if not constants or any(isinstance(d, str) for s in inputs if s.name in constants for d in s.dims):
+        return [(inputs, fixed)]  # a value check needs the input's shape fixed too
+    try:
+        general = import_onnx(model)
+    except ModelError:  # no general path
+        return [(inputs, fixed)]
+    return [(list(model.inputs), add_value_dispatch(fixed, general, constants)), (inputs, fixed)]
+
+
+def _compile(mod: Any, targets: list[Target], rewrite: Any) -> list[tuple[Any, Any]]:
+    """Each target's codegen and the library it compiled ``mod`` into (``rewrite``: quantization's
+    library rewrite, or None)."""
+    compiled = []
+    for target in targets:
+        codegen = codegen_for(target)
+        compiled.append((codegen, codegen.compile(mod, target, library_rewrite=rewrite)))
+    return compiled
+
+
 def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given",
           quantization: Quantization | None = None) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
@@ -71,10 +103,15 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
         raise EdgecError("no target given; pass --target (see `edgec targets`)")
-    inputs = fixed_inputs(model, plan)
-    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
+    rewrite = None
+    rewritten: dict[str, int] = {}
+    if quantization is not None and quantization.active:
+        check_matches(model, quantization.model_sha256, "quantize")
+        rewrite = library_rewrite(model.proto, quantization.decisions(),
+                                  quantization.settings.scheme, rewritten)
     functions = _functions(plan)
     if plan.multi_region:
+        inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole
         try:
             mod = lower_regions(model, [
                 {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
@@ -82,23 +119,23 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         except (ModelError, ValueError) as exc:
             # A region that does not import alone (an op needing a constant another region
             # computes) must not cost the model: compile it whole, symbolic, and say so.
-            mod = _import(model, constants)
+            mod = _import(model, {})
             functions = [{"name": "main", "kind": "symbolic",
                           "note": f"regions not lowered separately: {describe(exc)}"}]
+        compiled = _compile(mod, targets, rewrite)
     else:
         specializations = [s["dims"] for s in plan.regions[0].specializations]
-        mod = add_shape_dispatch(_import(model, constants), specializations)
+        programs = _programs(model, plan)
+        for attempt, (inputs, mod) in enumerate(programs):
+            try:
+                compiled = _compile(add_shape_dispatch(mod, specializations), targets, rewrite)
+                break
+            except EdgecError:  # the general fallback may not compile: keep only the fixed program
+                if attempt == len(programs) - 1:
+                    raise
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
-    rewrite = None
-    rewritten: dict[str, int] = {}
-    if quantization is not None and quantization.active:
-        check_matches(model, quantization.model_sha256, "quantize")
-        rewrite = library_rewrite(model.proto, quantization.decisions(),
-                                  quantization.settings.scheme, rewritten)
-    for target in targets:
-        codegen = codegen_for(target)
-        library = codegen.compile(mod, target, library_rewrite=rewrite)
+    for target, (codegen, library) in zip(targets, compiled):
         file = f"lib/{target.name}.so"
         files[file] = library.data
         libraries[target.name] = {

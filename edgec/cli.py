@@ -563,10 +563,13 @@ def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, ou
               help="ci: every If/Loop/Scan case and every 10th other case; all: 1884 cases (hours).")
 @click.option("--filter", "prefixes", multiple=True, help="Only cases whose name starts with this.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds per case.")
+@click.option("--jobs", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Worker processes running cases at once.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Folder to write.")
-def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, output: Path) -> None:
+def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, jobs: int,
+                    output: Path) -> None:
     """Run ONNX's operator test cases through the whole pipeline; write a table per case."""
-    from .conformance import ci_subset, node_cases, run_suite, summarize, write_results
+    from .conformance import ci_subset, node_cases, run_suite_parallel, summarize, write_results
 
     names = sorted(node_cases())
     if subset == "ci":
@@ -574,7 +577,7 @@ def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, outp
     if prefixes:
         names = [n for n in names if n.startswith(prefixes)]
     results = []
-    for index, result in enumerate(run_suite(names, timeout_s=timeout), 1):
+    for index, result in enumerate(run_suite_parallel(names, jobs, timeout_s=timeout), 1):
         results.append(result)
         click.echo(f"[{index}/{len(names)}] {result.status:7s} {result.name} {result.detail[:120]}")
     write_results(results, output)

@@ -196,6 +196,46 @@ def run_suite(names: Iterable[str], timeout_s: float = 300.0) -> Iterator[CaseRe
             worker.close()
 
 
+def run_suite_parallel(names: Iterable[str], jobs: int, timeout_s: float = 300.0) -> Iterator[CaseResult]:
+    """``run_suite`` over ``jobs`` worker processes at once; results come in completion order."""
+    import queue
+    import threading
+
+    names = list(names)
+    if jobs <= 1:
+        yield from run_suite(names, timeout_s)
+        return
+    results: queue.Queue = queue.Queue()
+    todo: queue.Queue = queue.Queue()
+    for name in names:
+        todo.put(name)
+
+    def drain() -> Iterator[str]:
+        while True:
+            try:
+                yield todo.get_nowait()
+            except queue.Empty:
+                return
+
+    def work() -> None:
+        try:
+            for result in run_suite(drain(), timeout_s):
+                results.put(result)
+        finally:
+            results.put(None)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(jobs)]
+    for thread in threads:
+        thread.start()
+    finished = 0
+    while finished < len(threads):
+        result = results.get()
+        if result is None:
+            finished += 1
+        else:
+            yield result
+
+
 def ci_subset(all_names: list[str], every: int = 10) -> list[str]:
     """A fixed, CI-sized subset: every control-flow case and every ``every``-th other case by name."""
     control = [n for n in all_names if n.startswith(("test_if", "test_loop", "test_scan"))]

@@ -210,16 +210,27 @@ def profile(model: Model, samples: list[Sample]) -> Profile:
     )
 
 
+# Integer ops through which a shape-like argument is computed from other values (an expanded
+# CenterCropPad computes its pads as Max/Sub/Div of the target shape and the input's).
+_SHAPE_ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Abs", "Concat",
+                     "Cast", "Identity", "Unsqueeze", "Squeeze", "Gather", "Slice", "Where",
+                     "Equal", "Less", "Greater", "Not", "And", "Or", "ReduceProd", "ReduceSum"}
+
+
 def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
-    """Graph inputs that some node, subgraphs included, reads as a shape-like argument."""
-    inputs = {value.name for value in proto.graph.input}
+    """Graph inputs that some node, subgraphs included, reads as a shape-like argument, directly
+    or (integer inputs) through integer arithmetic in the top-level graph."""
+    inputs = {value.name: value for value in proto.graph.input}
+    integer = {name for name, value in inputs.items() if value.type.tensor_type.elem_type in (
+        onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
     found: set[str] = set()
+    wanted: set[str] = set()
 
     def visit(graph: onnx.GraphProto) -> None:
         for node in graph.node:
             for position in SHAPE_ARGUMENTS.get(node.op_type, ()):
-                if position < len(node.input) and node.input[position] in inputs:
-                    found.add(node.input[position])
+                if position < len(node.input) and node.input[position]:
+                    wanted.add(node.input[position])
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.GRAPH:
                     visit(attr.g)
@@ -227,6 +238,11 @@ def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
                     visit(sub)
 
     visit(proto.graph)
+    found = {name for name in wanted if name in inputs}
+    for node in reversed(proto.graph.node):  # producers come before consumers
+        if node.op_type in _SHAPE_ARITHMETIC and any(out in wanted for out in node.output):
+            wanted.update(name for name in node.input if name)
+    found |= {name for name in wanted if name in integer}
     return [value.name for value in proto.graph.input if value.name in found]
 
 

@@ -109,3 +109,35 @@ def test_low_precision_outputs_compare_as_floats():
     nan = np.array([np.nan, 1.0], dtype=ml_dtypes.float8_e4m3fn)
     assert conformance._compare([nan], [nan.copy()], 1e-3, 1e-7) == ""
     assert "differs" in conformance._compare([nan], [np.array([np.nan, 2.0], nan.dtype)], 1e-3, 1e-7)
+
+
+def test_fixed_input_falls_back_to_the_general_program_when_one_imports(tmp_path):
+    """Slice with runtime starts/ends imports symbolically too: other values take that path."""
+    from edgec import runtime
+    from edgec.build import build
+    from edgec.model import from_proto
+    from edgec.plan import plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="slice")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [10]),
+         helper.make_tensor_value_info("starts", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("ends", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    model = from_proto(proto, "slice")
+    x = np.arange(10, dtype=np.float32)
+    sample = {"x": x, "starts": np.array([2]), "ends": np.array([5])}
+    target = load_target("x86_64")
+    the_plan = plan(model, profile(model, [Sample("s", sample)]), target)
+    assert set(the_plan.constant_inputs) == {"starts", "ends"}
+    artifact = build(model, the_plan, [target])
+    assert all("fixed" not in spec for spec in artifact.manifest["inputs"])
+    loaded = runtime.load(artifact.save(tmp_path / "slice.edgec"))
+    np.testing.assert_array_equal(loaded.run(sample)["y"], x[2:5])
+    other = {"x": x, "starts": np.array([1]), "ends": np.array([8])}
+    np.testing.assert_array_equal(loaded.run(other)["y"], x[1:8])

@@ -127,3 +127,58 @@ def test_lp_normalization(p):
     (y,) = conformance.run(model, [x])
     norm = np.linalg.norm(x, ord=p, axis=1, keepdims=True)
     np.testing.assert_allclose(y, np.divide(x, norm, out=np.zeros_like(x), where=norm != 0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("base,exponent", [(np.float32, np.int64), (np.int32, np.float32),
+                                           (np.int64, np.int64)])
+def test_pow_of_mixed_and_integer_types(base, exponent):
+    dtype = helper.np_dtype_to_tensor_dtype
+    nodes = [helper.make_node("Pow", ["x", "y"], ["z"], name="pow")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", dtype(np.dtype(base)), [3]),
+                           helper.make_tensor_value_info("y", dtype(np.dtype(exponent)), [3])],
+                   [helper.make_tensor_value_info("z", dtype(np.dtype(base)), [3])], opset=15)
+    x, y = np.array([1, 2, 3], base), np.array([4, 5, 6], exponent)
+    (z,) = conformance.run(model, [x, y])
+    assert z.dtype == x.dtype
+    np.testing.assert_array_equal(z, _reference(model, [x, y])[0])
+
+
+def test_onehot_with_float_depth_and_indices():
+    nodes = [helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=1, name="oh")]
+    model = _model(nodes, [helper.make_tensor_value_info("i", TensorProto.FLOAT, [3])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])],
+                   [numpy_helper.from_array(np.array([4.0], np.float32), "depth"),
+                    numpy_helper.from_array(np.array([0, 1], np.float32), "values")], opset=11)
+    i = np.array([0, 3, 1], np.float32)
+    (y,) = conformance.run(model, [i])
+    np.testing.assert_array_equal(y, np.eye(4, dtype=np.float32)[[0, 3, 1]])
+
+
+def test_layer_normalization_mean_and_inv_std_keep_their_shapes():
+    nodes = [helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y", "mean", "inv"],
+                              axis=1, name="ln")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5]),
+                    helper.make_tensor_value_info("mean", TensorProto.FLOAT, [2, 1]),
+                    helper.make_tensor_value_info("inv", TensorProto.FLOAT, [2, 1])],
+                   [numpy_helper.from_array(np.ones(5, np.float32), "scale"),
+                    numpy_helper.from_array(np.zeros(5, np.float32), "bias")], opset=17)
+    x = np.random.default_rng(2).standard_normal((2, 5)).astype(np.float32)
+    got = conformance.run(model, [x])
+    for value, expected in zip(got, _reference(model, [x])):
+        assert value.shape == expected.shape
+        np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_resize_axes_become_full_rank_arguments():
+    nodes = [helper.make_node("Resize", ["x", "", "scales"], ["y"], axes=[3, 2], mode="nearest",
+                              name="resize")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 6])],
+                   [numpy_helper.from_array(np.array([3.0, 2.0], np.float32), "scales")], opset=19)
+    folded = fold_constants(model)
+    resize = next(n for n in folded.graph.node if n.op_type == "Resize")
+    assert not any(a.name == "axes" for a in resize.attribute)
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    (y,) = conformance.run(model, [x])
+    np.testing.assert_array_equal(y, _reference(model, [x])[0])

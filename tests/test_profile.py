@@ -154,3 +154,17 @@ def test_profile_records_values_of_shape_like_inputs_and_the_plan_fixes_constant
     assert varied.values["k"][0] == {"shape": [1], "value": [3], "count": 2}
     assert plan(model, varied, load_target("x86_64")).constant_inputs == {}
     assert "x" not in varied.values  # data, not a shape-like argument
+
+
+def test_inputs_reaching_a_shape_argument_through_integer_arithmetic_are_shape_like():
+    from edgec.profile import shape_argument_inputs
+
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+         helper.make_node("Sub", ["s", "crop"], ["d"], name="sub"),
+         helper.make_node("Slice", ["x", "d", "s"], ["y"], name="slice")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8]),
+         helper.make_tensor_value_info("crop", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert shape_argument_inputs(model) == ["crop"]  # x reaches Slice only as its data

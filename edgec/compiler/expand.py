@@ -17,8 +17,17 @@ import onnx
 from onnx import AttributeProto, FunctionProto, NodeProto, TypeProto
 
 # TVM's "Attention" converter implements com.microsoft's Attention (num_heads, packed QKV), not
-# ONNX's opset-23 Attention; the ONNX op's function body is used instead.
-ALWAYS_EXPAND = {"Attention"}
+# ONNX's opset-23 Attention, and its RMSNormalization fails to compile when normalizing over
+# every axis; the ONNX ops' function bodies are used instead.
+ALWAYS_EXPAND = {"Attention", "RMSNormalization"}
+
+
+def _prefer_body(node: NodeProto) -> bool:
+    """Ops TVM converts, but not as ONNX specifies: their function body is used instead."""
+    if node.op_type in ALWAYS_EXPAND:
+        return True
+    # TVM's LayerNormalization returns Mean and InvStdDev as scalars, not reduced tensors.
+    return node.op_type == "LayerNormalization" and any(node.output[1:])
 
 
 def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool],
@@ -31,7 +40,7 @@ def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool
     def wanted(node: NodeProto) -> bool:
         if node.domain not in ("", "ai.onnx"):
             return False
-        if has_converter(node.op_type) and node.op_type not in ALWAYS_EXPAND:
+        if has_converter(node.op_type) and not _prefer_body(node):
             return False
         schema = _schema(node.op_type, opset)
         return schema is not None and (schema.has_function or schema.has_context_dependent_function)

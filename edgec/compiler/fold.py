@@ -71,13 +71,74 @@ def fold_constants(proto: onnx.ModelProto, max_rounds: int = 4) -> onnx.ModelPro
     for _ in range(max_rounds):
         if not _fold_round(proto, opset):
             break
+    _full_rank_resizes(proto)
     return proto
+
+
+def _full_rank_resizes(proto: onnx.ModelProto) -> None:
+    """Resize-18's ``axes``, which TVM's converter ignores, folded into full-rank constant
+    roi/scales/sizes (in place). Exact where it applies: every argument known, and no
+    ``keep_aspect_ratio_policy`` with sizes (that one scales the listed axes jointly)."""
+    graph = proto.graph
+    resizes = [n for n in graph.node if n.op_type == "Resize"
+               and any(a.name == "axes" for a in n.attribute)]
+    if not resizes:
+        return
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+              if int(np.prod(init.dims)) <= MAX_FOLDED_ELEMENTS}
+    for node in graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    shapes = _static_shapes(proto)
+    added: list[onnx.NodeProto] = []
+    for node in resizes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dims = shapes.get(node.input[0])
+        args = [node.input[i] if i < len(node.input) else "" for i in range(4)]
+        if dims is None or any(name and name not in values for name in args[1:]):
+            continue
+        policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
+        if args[3] and values[args[3]].size and policy not in (b"stretch", "stretch"):
+            continue
+        rank = len(dims)
+        axes = [a % rank for a in attrs["axes"]]
+        full: list[np.ndarray | None] = [None, None, None]
+        roi = values.get(args[1])
+        if roi is not None and roi.size:
+            wide = np.concatenate([np.zeros(rank, roi.dtype), np.ones(rank, roi.dtype)])
+            wide[axes] = roi[: len(axes)]
+            wide[[rank + a for a in axes]] = roi[len(axes):]
+            full[0] = wide
+        scales = values.get(args[2])
+        if scales is not None and scales.size:
+            full[1] = np.ones(rank, scales.dtype)
+            full[1][axes] = scales
+        sizes = values.get(args[3])
+        if sizes is not None and sizes.size:
+            full[2] = np.array(dims, sizes.dtype)
+            full[2][axes] = sizes
+        while len(node.input) < 4:
+            node.input.append("")
+        for position, value in zip((1, 2, 3), full):
+            if value is not None:
+                name = f"{node.name}__full_rank_{position}"
+                added.append(helper.make_node("Constant", [], [name], name=name,
+                                              value=numpy_helper.from_array(value, name)))
+                node.input[position] = name
+        kept = [a for a in node.attribute if a.name != "axes"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    if added:
+        nodes = added + list(graph.node)
+        del graph.node[:]
+        graph.node.extend(nodes)
 
 
 def _foldable(proto: onnx.ModelProto) -> bool:
     known = {init.name for init in proto.graph.initializer}
     for node in proto.graph.node:
-        if node.op_type in ("Shape", "Size"):
+        if node.op_type in ("Shape", "Size") or (
+                node.op_type == "Resize" and any(a.name == "axes" for a in node.attribute)):
             return True
         if node.op_type == "Constant":
             if node.attribute[0].name != "value":

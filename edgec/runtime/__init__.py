@@ -41,10 +41,19 @@ _cuda_runtime_loaded = False
 def aligned(array: np.ndarray) -> np.ndarray:
     """``array`` itself when C-contiguous, writeable (DLPack cannot export read-only memory) and
     64-byte aligned, else an aligned contiguous copy."""
+    if array.size == 0:  # no data to read, but numpy's strides (all 0) are not compact for TVM
+        strides, step = [], array.itemsize
+        for dim in reversed(array.shape):
+            strides.append(step)
+            step *= dim
+        strides = tuple(reversed(strides))
+        if not dtypes.is_extended(array.dtype):
+            return np.lib.stride_tricks.as_strided(np.empty(1, array.dtype), array.shape, strides)
+        # as_strided cannot build ml_dtypes arrays: build unsigned ones and re-type them.
+        raw = np.empty(1, f"u{array.itemsize}")
+        return np.lib.stride_tricks.as_strided(raw, array.shape, strides).view(array.dtype)
     if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
         return array
-    if array.size == 0:  # no data to read: any writeable empty array will do
-        return np.empty(array.shape, array.dtype)
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-buffer.ctypes.data) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)

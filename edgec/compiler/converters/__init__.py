@@ -19,3 +19,5 @@ CONVERTERS["Shape"] = shapes.Shape
 CONVERTERS["Size"] = shapes.Size
 CONVERTERS["CumProd"] = ops.CumProd
 CONVERTERS["LpNormalization"] = ops.LpNormalization
+CONVERTERS["Pow"] = ops.Pow
+CONVERTERS["OneHot"] = ops.OneHot

@@ -56,3 +56,46 @@ class LpNormalization:
             safe = relax.op.where(relax.op.equal(norm, zero), relax.const(1, x.ty.dtype), norm)
             return relax.op.divide(x, safe)
         return convert
+
+
+class Pow:
+    """ONNX Pow with base and exponent of different types (TVM wants one) or integer ones (TVM
+    computes floats only): the result has the base's type."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.Pow.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            x, y = inputs
+            x_dtype, y_dtype = x.ty.dtype, y.ty.dtype
+            if "float" not in str(x_dtype) and "float" not in str(y_dtype):
+                # TVM's power is float-only; float64 is exact for every integer result below 2**53.
+                wide = relax.op.power(relax.op.astype(x, "float64"), relax.op.astype(y, "float64"))
+                return relax.op.astype(wide, x_dtype)
+            if x_dtype == y_dtype:
+                return fallback(bb, inputs, attrs, params)
+            if "float" in str(x_dtype):
+                return relax.op.power(x, relax.op.astype(y, x_dtype))
+            if "float" in str(y_dtype):
+                return relax.op.astype(relax.op.power(relax.op.astype(x, y_dtype), y), x_dtype)
+            return relax.op.power(x, relax.op.astype(y, x_dtype))
+        return convert
+
+
+class OneHot:
+    """ONNX OneHot with float indices or a float or one-element ``depth`` (ONNX allows them; TVM's
+    converter takes integers): both become integers, then TVM's converter runs."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.OneHot.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            indices, depth = inputs[0], inputs[1]
+            if "float" in str(indices.ty.dtype):  # ONNX allows float indices; they index as ints
+                indices = bb.normalize(relax.op.astype(indices, "int64"))
+            if isinstance(depth, tvm.ir.GenericConst):
+                depth = relax.const(np.int64(np.asarray(depth.value.numpy()).reshape(-1)[0]))
+            return fallback(bb, [indices, depth, *inputs[2:]], attrs, params)
+        return convert
