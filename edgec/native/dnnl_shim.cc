@@ -82,11 +82,13 @@ extern "C" void omp_set_num_threads(int);
 
 // Below this many multiply-adds a matmul is built and run on the calling thread only: waking
 // OpenMP's other threads for each small one cost more than it saved (the zoo's transformer,
-// 16x64x64 to 16x128x64: 0.24-0.29 -> 0.18-0.21 ms). Convolutions keep every thread: no gain
-// was measured for them.
+// 16x64x64 to 16x128x64: 0.24-0.29 -> 0.18-0.21 ms).
 constexpr int64_t kSerialMacs = int64_t(1) << 18;
+// The same for convolutions, whose kernels do more per multiply-add: below this, waking the
+// sleeping OpenMP threads costs more than the second core saves.
+constexpr int64_t kSerialConvMacs = int64_t(1) << 21;
 
-// Holds OpenMP to one thread for its lifetime when `serial`, for matmuls below kSerialMacs:
+// Holds OpenMP to one thread for its lifetime when `serial` (small matmuls and convolutions):
 // created and executed alike, so their work split matches the threads that run it.
 class SerialScope {
  public:
@@ -335,6 +337,10 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec dnnl: conv2d weight must be OIHW";
   if (Empty(src) || Empty(dst)) return;
 
+  // Multiply-adds: every output element reads (input channels / groups) x kh x kw weights.
+  int64_t macs = weight->shape[1] * weight->shape[2] * weight->shape[3];
+  for (int i = 0; i < dst->ndim; ++i) macs *= dst->shape[i];
+  SerialScope serial(macs < kSerialConvMacs);
   std::vector<int64_t> key(attrs, attrs + 10);
   key.push_back(residual != nullptr);
   AppendShape(&key, src);
