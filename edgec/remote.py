@@ -227,26 +227,29 @@ def aarch64_runtime_libraries() -> tuple[Path, Path]:
     return tvm_dir, ffi_dir
 
 
-def cpp_host(cxx: str, lib_dirs: tuple[Path, Path]) -> Path:
-    """edgec's C++ host built with ``cxx`` against ``lib_dirs``; cached by sources and toolchain."""
+def cpp_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> Path:
+    """edgec's C++ host built with ``cxx`` against ``lib_dirs`` (the directories of
+    ``libtvm_runtime.so`` and ``libtvm_ffi.so``; default: this Python's wheels, as the Makefile
+    finds them); cached by sources and toolchain."""
     sources = Path(runtime.__file__).resolve().parent / "cpp"
-    key = hashlib.sha256(f"{cxx} {lib_dirs}".encode())
+    key = hashlib.sha256(f"{cxx} {lib_dirs} {sys.executable}".encode())
     for source in sorted(sources.iterdir()):
         if source.is_file():
             key.update(source.read_bytes())
-    host = cache_dir() / "cpp-host" / f"qemu-{key.hexdigest()[:16]}" / "edgec_run"
+    host = cache_dir() / "cpp-host" / key.hexdigest()[:16] / "edgec_run"
     if host.is_file():
         return host
     missing = [tool for tool in (cxx, "make") if shutil.which(tool) is None]
     if missing:
-        raise ToolchainError(f"building the C++ host for qemu needs {', '.join(missing)} "
+        raise ToolchainError(f"building the C++ host needs {', '.join(missing)} "
                              f"(scripts/install-system-deps.sh cross)")
     host.parent.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix="build-", dir=host.parent.parent))
-    result = subprocess.run(["make", "-s", "-C", str(sources), f"BUILD_DIR={build}",
-                             f"PYTHON={sys.executable}", f"CXX={cxx}",
-                             f"TVM_LIB_DIR={lib_dirs[0]}", f"TVM_FFI_LIB_DIR={lib_dirs[1]}"],
-                            capture_output=True, text=True)
+    command = ["make", "-s", "-C", str(sources), f"BUILD_DIR={build}", f"PYTHON={sys.executable}",
+               f"CXX={cxx}"]
+    if lib_dirs is not None:
+        command += [f"TVM_LIB_DIR={lib_dirs[0]}", f"TVM_FFI_LIB_DIR={lib_dirs[1]}"]
+    result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         shutil.rmtree(build, ignore_errors=True)
         raise ToolchainError(f"building the C++ host with {cxx} failed: {result.stderr.strip()[-300:]}")

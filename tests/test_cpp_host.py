@@ -11,12 +11,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
 import stat
 import subprocess
-import sys
-import tempfile
 import zipfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,19 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec import runtime, zoo
+from edgec import remote, runtime, zoo
 from edgec.errors import ArtifactError, InputFileError, SamplesError, ToolchainError
 from edgec.runtime.artifact import FORMAT_VERSION, Artifact
 
 CPP_DIR = Path(runtime.__file__).resolve().parent / "cpp"
-CPP_SOURCES = ("edgec.h", "edgec.cc", "edgec_run.cc", "Makefile")
 TOLERANCE = 1e-5
-
-
-def cache_dir() -> Path:
-    """Where built hosts and downloaded wheels are kept between runs; never in the repository."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "edgec"
 
 
 def missing_tools(*tools: str) -> list[str]:
@@ -44,33 +34,11 @@ def missing_tools(*tools: str) -> list[str]:
 
 
 def build_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> Path:
-    """Build ``edgec_run`` with ``cxx``; cached by the hash of the sources, compiler and libraries.
-
-    ``lib_dirs`` are the directories of ``libtvm_runtime.so`` and ``libtvm_ffi.so`` to link
-    against (default: the Python environment's wheels, as the Makefile finds them).
-    """
-    key = hashlib.sha256()
-    for name in CPP_SOURCES:
-        key.update((CPP_DIR / name).read_bytes())
-    key.update(f"{cxx} {lib_dirs} {sys.executable}".encode())
-    host = cache_dir() / "cpp-host" / key.hexdigest()[:16] / "edgec_run"
-    if host.is_file():
-        return host
-    host.parent.parent.mkdir(parents=True, exist_ok=True)
-    build_dir = Path(tempfile.mkdtemp(prefix="build-", dir=host.parent.parent))
-    command = ["make", "-s", "-C", str(CPP_DIR), f"BUILD_DIR={build_dir}",
-               f"PYTHON={sys.executable}", f"CXX={cxx}"]
-    if lib_dirs is not None:
-        command += [f"TVM_LIB_DIR={lib_dirs[0]}", f"TVM_FFI_LIB_DIR={lib_dirs[1]}"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(build_dir, ignore_errors=True)
-        pytest.fail(f"building the C++ host with {cxx} failed:\n{result.stdout}\n{result.stderr}")
+    """``edgec_run`` built with ``cxx`` (cached; see ``edgec.remote.cpp_host``)."""
     try:
-        build_dir.rename(host.parent)  # atomic: a concurrent build of the same key loses the race
-    except OSError:
-        shutil.rmtree(build_dir, ignore_errors=True)
-    return host
+        return remote.cpp_host(cxx, lib_dirs)
+    except ToolchainError as exc:
+        pytest.fail(str(exc))
 
 
 def build_artifact(proto, name: str, samples: list[dict], targets: list[str],

@@ -17,16 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec import runtime, zoo
+from edgec import remote, runtime, zoo
+from edgec.errors import ToolchainError
 from edgec.runtime.artifact import Artifact
 from edgec.targets import load_target
-from test_cpp_host import (build_artifact, build_host, cache_dir, missing_tools, run_host,
+from test_cpp_host import (build_artifact, build_host, missing_tools, run_host,
                            topk_model, topk_samples, zoo_artifact)
 
 ARM = load_target("arm64-cortex-a72")
 QEMU = ARM.run.get("qemu", "qemu-aarch64")
 SYSROOT = Path(ARM.run.get("sysroot", "/usr/aarch64-linux-gnu"))
-WHEELS = {"apache-tvm": "0.27.0.post1", "apache-tvm-ffi": "0.1.14.post1"}
 # Relative to the scale of the output: LLVM's aarch64 and x86 code (and oneDNN on x86) round
 # differently; the MLP of TVM_NOTES.md matched numpy to 4e-5.
 TOLERANCE = 1e-4
@@ -42,32 +42,11 @@ pytestmark = [
 
 
 def aarch64_runtime_libraries() -> tuple[Path, Path]:
-    """The directories of aarch64 ``libtvm_runtime.so`` and ``libtvm_ffi.so`` at the pinned
-    versions, from the manylinux aarch64 wheels (downloaded once, then cached)."""
-    root = cache_dir() / "aarch64" / "-".join(f"{k}-{v}" for k, v in WHEELS.items())
-    tvm_dir, ffi_dir = root / "tvm" / "lib", root / "tvm_ffi" / "lib"
-    members = [("apache_tvm-", "tvm/lib/libtvm_runtime.so", tvm_dir),
-               ("apache_tvm-", "tvm/lib/libtvm_runtime_extra.so", tvm_dir),
-               ("apache_tvm_ffi-", "tvm_ffi/lib/libtvm_ffi.so", ffi_dir)]
-    if all((into / Path(member).name).is_file() for _, member, into in members):
-        return tvm_dir, ffi_dir
-    wheels = root / "wheels"
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-               "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-               "--platform", "manylinux_2_28_aarch64", "--platform", "manylinux_2_24_aarch64",
-               "-d", str(wheels), *(f"{k}=={v}" for k, v in WHEELS.items())]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot download the aarch64 TVM wheels: {result.stderr.strip()[-300:]}")
-    for wheel, member, into in members:
-        (path,) = [p for p in wheels.glob("*.whl") if p.name.startswith(wheel)]
-        into.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(path) as archive:
-            data = archive.read(member)
-        tmp = into / f".{Path(member).name}.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(into / Path(member).name)
-    return tvm_dir, ffi_dir
+    """The aarch64 ``libtvm_runtime.so`` and ``libtvm_ffi.so`` directories (downloaded once)."""
+    try:
+        return remote.aarch64_runtime_libraries()
+    except ToolchainError as exc:  # no PyPI access here
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
