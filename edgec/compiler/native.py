@@ -92,6 +92,8 @@ def _compile_object(source: Path, compiler: str, missing_header_hint: str, heade
     flags = [*_CXX_FLAGS, f"-I{include}"]
     key = hashlib.sha256()
     key.update(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # the shims' shared header(s)
+        key.update(header.read_bytes())
     key.update(_compiler_version(compiler).encode())
     key.update(" ".join(flags).encode())
     obj = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.o"

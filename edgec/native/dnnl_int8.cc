@@ -33,23 +33,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dnnl_common.h"
+
 namespace {
 
-using dnnl::memory;
-using tag = dnnl::memory::format_tag;
-using dt = dnnl::memory::data_type;
-
 constexpr int64_t kRelu = 1;  // shared with library_dispatch.py's FLAG_RELU
-
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-dnnl::stream& Stream() {
-  thread_local dnnl::stream stream(Engine());
-  return stream;
-}
 
 void Check(const DLTensor* t, int code, int bits, const char* what) {
   if (t->device.device_type != kDLCPU) {
@@ -84,10 +72,6 @@ memory::desc ActivationDesc(const DLTensor* t, dt type, const char* what) {
   TVM_FFI_THROW(ValueError) << "edgec int8: " << what
                             << " must be NCHW, NCHW8c, NCHW16c, or NHWC as [N, 1, H, W, C]";
   return memory::desc();
-}
-
-dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
-  return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
 }
 
 // A per-thread byte buffer of at least `bytes`.
@@ -185,40 +169,6 @@ struct WeightSlot {
     return by_id.emplace(id, weights).first->second;
   }
 };
-
-template <typename Entry>
-class PrimitiveCache {
- public:
-  template <typename Make>
-  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(key);
-      if (it != cache_.end()) return it->second;
-    }
-    std::shared_ptr<Entry> entry = make();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (cache_.size() >= kMaxEntries) cache_.clear();
-    return cache_.emplace(key, entry).first->second;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 4096;
-  struct Hash {
-    size_t operator()(const std::vector<int64_t>& v) const {
-      size_t h = 1469598103934665603ull;
-      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
-      return h;
-    }
-  };
-  std::mutex mutex_;
-  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
-};
-
-void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
-  key->push_back(t->ndim);
-  key->insert(key->end(), t->shape, t->shape + t->ndim);
-}
 
 int64_t FloatBits(float v) {
   int32_t bits;

@@ -29,24 +29,12 @@
 #include <unordered_map>
 #include <vector>
 
-namespace {
+#include "dnnl_common.h"
 
-using dnnl::memory;
-using tag = dnnl::memory::format_tag;
-using dt = dnnl::memory::data_type;
+namespace {
 
 // Flags shared with library_dispatch.py.
 constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
-
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-dnnl::stream& Stream() {
-  thread_local dnnl::stream stream(Engine());
-  return stream;
-}
 
 bool Empty(const DLTensor* t) {
   for (int i = 0; i < t->ndim; ++i) {
@@ -132,10 +120,6 @@ bool IsGemmOrReference(const dnnl::primitive_desc_base& pd) {
   return IsReference(pd) || std::string(pd.impl_info_str()).find("gemm") != std::string::npos;
 }
 
-dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
-  return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
-}
-
 // Constant weights reordered into a layout, by (content id, layout): identical weights of
 // different calls share one copy.
 memory PackWeights(int64_t id, const memory::desc& user_md, const float* data,
@@ -199,42 +183,6 @@ struct WeightSlot {
     return by_id.emplace(id, weights).first->second;
   }
 };
-
-// Primitives by a key of every shape and attribute. A model sees a bounded set of shapes; the
-// cache is emptied should it ever pass a bound (entries in use stay alive).
-template <typename Entry>
-class PrimitiveCache {
- public:
-  template <typename Make>
-  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(key);
-      if (it != cache_.end()) return it->second;
-    }
-    std::shared_ptr<Entry> entry = make();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (cache_.size() >= kMaxEntries) cache_.clear();
-    return cache_.emplace(key, entry).first->second;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 4096;
-  struct Hash {
-    size_t operator()(const std::vector<int64_t>& v) const {
-      size_t h = 1469598103934665603ull;
-      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
-      return h;
-    }
-  };
-  std::mutex mutex_;
-  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
-};
-
-void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
-  key->push_back(t->ndim);
-  key->insert(key->end(), t->shape, t->shape + t->ndim);
-}
 
 // A per-thread buffer of at least `bytes`, for an activation in a primitive's layout.
 float* Scratch(int slot, size_t bytes) {
