@@ -238,6 +238,8 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
     from .costmodel.decide import dims_key
     from .regions import cut_regions
 
+    if not isinstance(compiled, runtime.Model):
+        return []  # only a local VM's times are the cost model's (not RPC's, not qemu's)
     regions = compiled.manifest.get("plan", {}).get("regions", [])
     cuts = cut_regions(model)
     if not regions or len(cuts) != len(regions):
@@ -246,8 +248,6 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
     built = {f["name"] for f in compiled.manifest["libraries"][compiled.target]["functions"]}
     if multi and not all(r["name"] in built for r in regions):
         return []  # the build compiled the model whole (see build.build): no region to time
-    if multi and not isinstance(compiled, runtime.Model):
-        return []  # regions are timed through a local VM, not over RPC or under qemu
     rows = []
     for sample, shape in zip(samples, shapes):
         if any(row["shape"] == shape for row in rows):

@@ -435,7 +435,8 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     if result["regions"]:
         from .bench import record_measurements
 
-        record_measurements(result["target"], loaded, result["regions"], threads)
+        # The target as given (a .toml path is not a name load_target finds), else the library's.
+        record_measurements(target or result["target"], loaded, result["regions"], threads)
     click.echo(
         f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
         f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
