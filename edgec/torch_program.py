@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputFileError, ModelError
+from .errors import ModelError
 from .model import Model
 from .runtime.signature import Dim, TensorSpec
 

@@ -1,7 +1,6 @@
 """edgec's converters for ops TVM lacks, ONNX function expansion and compile-time folding."""
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 

@@ -1,5 +1,3 @@
-import numpy as np
-import pytest
 from tvm import relax
 
 from conftest import mlp_model, mlp_samples

@@ -23,7 +23,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp

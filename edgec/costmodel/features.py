@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from ..model import Model
-from ..regions import RegionCut, used_names
+from ..regions import RegionCut
 from ..targets import Target
 
 # How a region runs at a shape: its one symbolic function; its dispatch into a static copy; its

@@ -8,7 +8,7 @@ import onnxruntime as ort
 
 from edgec.zoo import data
 from edgec.zoo.builders import (BOOL, FLOAT, INT64, GraphBuilder, classifier_head, conv_relu,
-                                he_normal, linear, make_model, small_normal, value_info)
+                                he_normal, make_model, small_normal, value_info)
 
 CLASSES = 10
 EXIT_RATE = 0.7
