@@ -214,6 +214,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   int32_t x_zero = static_cast<int32_t>(x_zero_in);
   if (dynamic) Params(x, m * k, 0.0, 0, &x_scale, &x_zero);
 
+  SerialScope serial(m * k * n < kSerialMacs);
   std::vector<int64_t> key = {m, k, n, flags, int8 + dynamic};
   if (int8) key.insert(key.end(), {weight_id, dynamic ? 0 : FloatBits(x_scale), dynamic ? 0 : x_zero});
   static PrimitiveCache<DenseEntry> cache;
@@ -394,6 +395,8 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
   const float x_scale = static_cast<float>(x_scale_in);
   const int32_t x_zero = static_cast<int32_t>(x_zero_in);
 
+  int64_t macs = weight->shape[1] * weight->shape[2] * weight->shape[3] * Numel(dst);
+  SerialScope serial(macs < kSerialConvMacs);
   std::vector<int64_t> key(attrs, attrs + 10);
   key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero});
   AppendShape(&key, src);

@@ -63,36 +63,6 @@ void CheckTensor(const DLTensor* t, const char* what) {
   }
 }
 
-// oneDNN's OpenMP runtime (libgomp, which libdnnl links): declared here rather than through
-// <omp.h> so that the shim compiles without -fopenmp.
-extern "C" int omp_get_max_threads(void);
-extern "C" void omp_set_num_threads(int);
-
-// Below this many multiply-adds a matmul is built and run on the calling thread only: waking
-// OpenMP's other threads for each small one cost more than it saved (the zoo's transformer,
-// 16x64x64 to 16x128x64: 0.24-0.29 -> 0.18-0.21 ms).
-constexpr int64_t kSerialMacs = int64_t(1) << 18;
-// The same for convolutions, whose kernels do more per multiply-add: below this, waking the
-// sleeping OpenMP threads costs more than the second core saves.
-constexpr int64_t kSerialConvMacs = int64_t(1) << 21;
-
-// Holds OpenMP to one thread for its lifetime when `serial` (small matmuls and convolutions):
-// created and executed alike, so their work split matches the threads that run it.
-class SerialScope {
- public:
-  explicit SerialScope(bool serial) : saved_(serial ? omp_get_max_threads() : 0) {
-    if (saved_ > 1) omp_set_num_threads(1);
-  }
-  ~SerialScope() {
-    if (saved_ > 1) omp_set_num_threads(saved_);
-  }
-  SerialScope(const SerialScope&) = delete;
-  SerialScope& operator=(const SerialScope&) = delete;
-
- private:
-  int saved_;
-};
-
 float* Data(const DLTensor* t) {
   return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
 }
