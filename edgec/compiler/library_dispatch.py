@@ -270,7 +270,8 @@ def _rewrite_function(func: relax.Function, find_groups, mod: tvm.IRModule) -> r
 # Canonical forms the library patterns rely on.
 
 
-def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """The dims of a tensor expression when all are known numbers, else None."""
     ty = expr.ty
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
@@ -360,9 +361,9 @@ def _fold(value: relax.Expr, lookup, var: relax.Var) -> np.ndarray | None:
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None
     ty = var.ty
-    if not isinstance(ty, relax.TensorType) or _static_shape(var) is None:
+    if not isinstance(ty, relax.TensorType) or static_shape(var) is None:
         return None
-    shape = _static_shape(var)
+    shape = static_shape(var)
     if int(np.prod(shape)) > _FOLD_LIMIT:
         return None
     arrays = []

@@ -11,19 +11,10 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
-
-def static_dims(expr: relax.Expr) -> list[int] | None:
-    """The dims of a tensor expression when all are known numbers, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = getattr(ty.shape, "values", None)
-    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]
+from ..library_dispatch import static_shape
 
 
 class Shape:
@@ -34,7 +25,7 @@ class Shape:
         fallback = onnx_frontend.Shape.get_converter(opset)
 
         def convert(bb, inputs, attrs, params):
-            dims = static_dims(inputs[0]) if isinstance(inputs[0], relax.Expr) else None
+            dims = static_shape(inputs[0]) if isinstance(inputs[0], relax.Expr) else None
             if dims is None:
                 return fallback(bb, inputs, attrs, params)
             start, end = attrs.get("start", 0), attrs.get("end")
@@ -50,7 +41,7 @@ class Size:
         fallback = onnx_frontend.Size.get_converter(opset)
 
         def convert(bb, inputs, attrs, params):
-            dims = static_dims(inputs[0]) if isinstance(inputs[0], relax.Expr) else None
+            dims = static_shape(inputs[0]) if isinstance(inputs[0], relax.Expr) else None
             if dims is None:
                 return fallback(bb, inputs, attrs, params)
             return relax.const(np.array(int(np.prod(dims)), np.int64))
