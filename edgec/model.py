@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import onnx
@@ -113,11 +113,8 @@ def _normalize(proto: onnx.ModelProto) -> onnx.ModelProto:
             while node.name in used:
                 node.name += "_"
             used.add(node.name)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    name_nodes(attr.g, f"{node.name}/")
-                for sub in attr.graphs:
-                    name_nodes(sub, f"{node.name}/")
+            for sub in subgraphs(node):
+                name_nodes(sub, f"{node.name}/")
 
     name_nodes(graph, "")
     return proto
@@ -176,6 +173,22 @@ def _check_dataflow(graph: onnx.GraphProto, name: str) -> None:
         f"model '{name}': node '{node.name or node.op_type}' comes before the node producing its "
         f"input; ONNX needs nodes in topological order (onnx.utils or re-export can sort them)"
     )
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs a node holds as attributes (If branches, Loop/Scan bodies...)."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        yield from attr.graphs
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs, depth first, each before its subgraphs."""
+    for node in graph.node:
+        yield node
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)
 
 
 def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> Model:

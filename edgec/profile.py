@@ -25,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .errors import ModelError, SamplesError, describe
 from .fileio import load_json_value, save_json_value
-from .model import Model, expose_activations
+from .model import Model, all_nodes, expose_activations
 from .runtime.signature import TensorSpec
 from .provenance import tool_versions
 from .reference import reference_for, reference_session
@@ -226,18 +226,10 @@ def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
     found: set[str] = set()
     wanted: set[str] = set()
 
-    def visit(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            for position in SHAPE_ARGUMENTS.get(node.op_type, ()):
-                if position < len(node.input) and node.input[position]:
-                    wanted.add(node.input[position])
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
-
-    visit(proto.graph)
+    for node in all_nodes(proto.graph):
+        for position in SHAPE_ARGUMENTS.get(node.op_type, ()):
+            if position < len(node.input) and node.input[position]:
+                wanted.add(node.input[position])
     found = {name for name in wanted if name in inputs}
     for node in reversed(proto.graph.node):  # producers come before consumers
         if node.op_type in _SHAPE_ARITHMETIC and any(out in wanted for out in node.output):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from .model import Model
+from .model import Model, subgraphs
 
 CONTROL_FLOW = ("If", "Loop", "Scan")
 # Operators whose output shape depends on input values, not only on input shapes.
@@ -49,18 +49,12 @@ def used_names(node: onnx.NodeProto) -> list[str]:
         bound = bound | {v.name for v in graph.input} | {i.name for i in graph.initializer}
         for inner in graph.node:
             names.extend(n for n in inner.input if n and n not in bound)
-            for attr in inner.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g, bound)
-                for sub in attr.graphs:
-                    visit(sub, bound)
+            for sub in subgraphs(inner):
+                visit(sub, bound)
             bound |= set(inner.output)
 
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            visit(attr.g, set())
-        for sub in attr.graphs:
-            visit(sub, set())
+    for sub in subgraphs(node):
+        visit(sub, set())
     return list(dict.fromkeys(names))
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..model import all_nodes
+
 # Results larger than this stay computed at run time: folding them would bloat the artifact.
 MAX_FOLDED_ELEMENTS = 1 << 16
 _CONSTANT_SUFFIX = "__edgec_constant"
@@ -44,18 +46,10 @@ def fix_inputs(proto: onnx.ModelProto, constants: dict[str, np.ndarray]) -> onnx
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     renames = {name: constant_input_name(name) for name in constants}
 
-    def rename(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            for index, name in enumerate(node.input):
-                if name in renames:
-                    node.input[index] = renames[name]
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    rename(attr.g)
-                for sub in attr.graphs:
-                    rename(sub)
-
-    rename(proto.graph)
+    for node in all_nodes(proto.graph):
+        for index, name in enumerate(node.input):
+            if name in renames:
+                node.input[index] = renames[name]
     for name, value in constants.items():
         proto.graph.initializer.append(numpy_helper.from_array(np.asarray(value), renames[name]))
     return proto

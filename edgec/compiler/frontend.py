@@ -13,7 +13,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..errors import ModelError, describe
-from ..model import Model
+from ..model import Model, all_nodes
 from .converters import CONVERTERS
 from .converters.control_flow import LAZY_IF
 from .expand import expand_functions
@@ -79,17 +79,4 @@ def _with_lazy_ifs(proto: onnx.ModelProto) -> onnx.ModelProto:
 def unsupported_ops(proto: onnx.ModelProto) -> set[str]:
     """Operators anywhere in the graph, subgraphs included, that the importer has no converter for."""
     known = set(convert_map()) | {"If", "Constant"}
-    found: set[str] = set()
-
-    def visit(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.op_type not in known:
-                found.add(node.op_type)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
-
-    visit(proto.graph)
-    return found
+    return {node.op_type for node in all_nodes(proto.graph) if node.op_type not in known}

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..model import Model
+from ..model import Model, all_nodes, subgraphs
 from ..regions import RegionCut
 from ..targets import Target
 
@@ -86,13 +86,7 @@ def _itemsize(elem_type: int) -> int:
 
 
 def _count_sub_nodes(node: onnx.NodeProto) -> int:
-    count = 0
-    for attr in node.attribute:
-        graphs = ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else []) + list(attr.graphs)
-        for graph in graphs:
-            for inner in graph.node:
-                count += 1 + _count_sub_nodes(inner)
-    return count
+    return sum(1 for graph in subgraphs(node) for _ in all_nodes(graph))
 
 
 def _scan_trips(node: onnx.NodeProto, shapes: dict) -> int | None:

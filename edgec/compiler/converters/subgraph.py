@@ -25,6 +25,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from ...model import subgraphs
+
 INT64_SCALAR = relax.TensorType((), "int64")
 BOOL_SCALAR = relax.TensorType((), "bool")
 
@@ -182,11 +184,8 @@ def free_names(graph: onnx.GraphProto) -> list[str]:
             for name in node.input:
                 if name and name not in bound and name not in found:
                     found.append(name)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    visit(attr.g, bound)
-                for sub in attr.graphs:
-                    visit(sub, bound)
+            for sub in subgraphs(node):
+                visit(sub, bound)
             bound.update(node.output)
         for value in g.output:
             if value.name not in bound and value.name not in found:
