@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from .compiler.codegen import codegen_for
-from .compiler.dispatch import add_shape_dispatch, lower_regions, region_functions
+from .compiler.dispatch import add_shape_dispatch, lower_regions, pad_spec, region_functions
 from .compiler.frontend import import_onnx
 from .compiler.value_dispatch import add_value_dispatch
 from .errors import EdgecError, ModelError, describe
@@ -91,14 +91,15 @@ def _compile(mod: Any, targets: list[Target], rewrite: Any) -> list[tuple[Any, A
 
 
 def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given",
-          quantization: Quantization | None = None) -> Artifact:
+          quantization: Quantization | None = None, exact_dispatch: bool = False) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
     One VM program per target holds the shape-specialized functions, the dispatch in ``main``
     that picks one or falls back to the symbolic function, and the weights. ``targets_chosen``
     says in the manifest how the targets were picked ("given", or why edgec picked them).
     ``quantization`` (the quantize stage's result) turns its layers into int8 kernels and int8
-    weights.
+    weights. ``exact_dispatch`` also keeps, beside a padding dispatch, the dispatch without its
+    buckets (``NAME__exact``; ``costmodel collect`` times both).
     """
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
@@ -115,7 +116,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         try:
             mod = lower_regions(model, [
                 {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
-                 "specializations": [s["dims"] for s in r.specializations]} for r in plan.regions])
+                 "specializations": [s["dims"] for s in r.specializations],
+                 "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions])
         except (ModelError, ValueError) as exc:
             # A region that does not import alone (an op needing a constant another region
             # computes) must not cost the model: compile it whole, symbolic, and say so.
@@ -128,7 +130,11 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         programs = _programs(model, plan)
         for attempt, (inputs, mod) in enumerate(programs):
             try:
-                compiled = _compile(add_shape_dispatch(mod, specializations), targets, rewrite)
+                padding = pad_spec(plan.regions[0].padding, [i.name for i in inputs],
+                                   [o.name for o in model.outputs])
+                compiled = _compile(add_shape_dispatch(mod, specializations, padding=padding,
+                                                       exact_dispatch=exact_dispatch),
+                                    targets, rewrite)
                 break
             except EdgecError:  # the general fallback may not compile: keep only the fixed program
                 if attempt == len(programs) - 1:

@@ -158,7 +158,8 @@ def _note_reference_error(prof) -> None:
               help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
 @click.option("--samples", "samples_path", type=click.Path(path_type=Path), default=None,
-              help="Samples to time every option on (policy oracle only).")
+              help="Samples to time every option on (policy oracle), and to check padding proofs "
+                   "on (policies auto and oracle pad only where the check passes).")
 @click.option("--explain", is_flag=True, help="Print a table per region: options, predicted cost, "
                                                "chosen option and why.")
 @_out_opt("Where to write the plan (JSON).")
@@ -193,18 +194,20 @@ def _make_plan(loaded, prof, target, settings, samples_path):
     """Plan; for the oracle policy, first time every option of every region on the samples."""
     from .plan import plan
 
+    from .samples import load_samples
+
     settings.check()
     measured = None
+    samples = load_samples(samples_path, loaded) if samples_path is not None else None
     if settings.policy == "oracle":
         _kernels_on_calling_thread()
-        if samples_path is None:
+        if samples is None:
             raise EdgecError("--policy oracle times every option: pass --samples")
         from .costmodel.measure import measure_model
-        from .samples import load_samples
 
-        measured = measure_model(loaded, prof, load_samples(samples_path, loaded), target,
+        measured = measure_model(loaded, prof, samples, target,
                                  settings.max_specializations, source="oracle").table()
-    return plan(loaded, prof, target, settings, measured=measured)
+    return plan(loaded, prof, target, settings, measured=measured, samples=samples)
 
 
 def _targets_or_default(names: tuple[str, ...]):

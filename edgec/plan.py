@@ -87,6 +87,9 @@ class Region:
     boundary: str = ""
     dims: list[str] = field(default_factory=list)
     options: list[dict[str, Any]] = field(default_factory=list)
+    # Padding to buckets (``edgec.padding``): {"used", "dims", "inputs", "outputs", "proofs",
+    # "refused", "check"}; empty when the region has no dim the profile could pad.
+    padding: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,7 +97,7 @@ class Region:
             "specializations": self.specializations, "fallback": self.fallback,
             "dynamic_nodes": self.dynamic_nodes, "reason": self.reason,
             "inputs": self.inputs, "outputs": self.outputs, "boundary": self.boundary,
-            "dims": self.dims, "options": self.options,
+            "dims": self.dims, "options": self.options, "padding": self.padding,
         }
 
     @classmethod
@@ -102,7 +105,7 @@ class Region:
         return cls(doc["name"], doc["nodes"], doc["mode"], doc["specializations"],
                    doc["fallback"], doc["dynamic_nodes"], doc["reason"],
                    doc.get("inputs", []), doc.get("outputs", []), doc.get("boundary", ""),
-                   doc.get("dims", []), doc.get("options", []))
+                   doc.get("dims", []), doc.get("options", []), doc.get("padding", {}))
 
     def cut(self, model: Model):
         from .regions import RegionCut
@@ -202,6 +205,14 @@ class Plan:
                         f"{(f'{compile_s:.2f}' if compile_s is not None else '-'):>10s} "
                         f"{('yes' if option.get('chosen') else ''):>7s}")
             lines.append(f"  why: {region.reason}")
+            padding = region.padding
+            if padding:
+                for dim, proof in padding.get("proofs", {}).items():
+                    lines.append(f"  padding {dim}: proved safe: {proof}")
+                for dim, refusal in padding.get("refused", {}).items():
+                    lines.append(f"  padding {dim}: refused: {refusal}")
+                if padding.get("check"):
+                    lines.append(f"  padding check: {padding['check']}")
         return "\n".join(lines)
 
 
@@ -219,11 +230,12 @@ LatencyTable = Callable[[int, str, Mapping[str, int]], float]
 
 
 def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = PlanSettings(),
-         cost_model=None, measured: LatencyTable | None = None) -> Plan:
+         cost_model=None, measured: LatencyTable | None = None, samples: list | None = None) -> Plan:
     """Decide how to compile ``model`` for ``target`` from what ``prof`` observed.
 
     ``auto`` uses ``cost_model`` (default: the target's committed one); ``oracle`` needs
-    ``measured`` (see ``costmodel.measure.latency_table``).
+    ``measured`` (see ``costmodel.measure.latency_table``). Both may pad a region's shapes to
+    buckets where ``edgec.padding`` proves it safe and ``samples`` (the profiled ones) confirm it.
     """
     from .costmodel import decide
     from .regions import cut_regions, region_dims
@@ -245,11 +257,15 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
 
     spaces = []
     all_dims = []
+    paddings: list[dict[str, Any]] = []
     for index, cut in enumerate(cuts):
         dims = region_dims(model, cut)
         all_dims.append(dims)
         graph_dims = [d for d in dims if d in model.dynamic_dims]
         spaces.append(decide.region_space(index, graph_dims, distribution, len(cut.nodes)))
+        paddings.append(region_padding(model, cut, index, graph_dims, distribution, samples, whole)
+                        if settings.policy in ("auto", "oracle") and model.proto is not None
+                        and not fixed else {})
 
     latency, cost_model = _latency_source(model, prof, target, settings, cuts, cost_model, measured)
     budgets = decide.Budgets(settings.compile_budget_s, settings.max_artifact_mb * 1e6)
@@ -271,8 +287,12 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
                                   f"target '{target.name}'; run `edgec costmodel train` first")
 
     ks, whys = [], []
-    for space in spaces:
-        k, why = _policy_choice(space, settings, distribution, latency, prof.sample_count)
+    plain_spaces = list(spaces)
+    for index, space in enumerate(plain_spaces):
+        pad_dims = tuple(paddings[index].get("dims", ()))
+        k, why, chosen_space = _policy_choice(space, settings, distribution, latency,
+                                              prof.sample_count, pad_dims)
+        spaces[index] = chosen_space
         ks.append(k)
         whys.append(why)
     if latency is not None:
@@ -295,7 +315,15 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     regions = []
     for index, (cut, space, k, why) in enumerate(zip(cuts, spaces, ks, whys)):
         name = "main" if whole else f"region_{index}"
-        options = _options_table(space, k, settings, distribution, latency, budgets) if space.dims else []
+        options = _options_table(plain_spaces[index], space, k, settings, distribution, latency,
+                                 budgets, paddings[index].get("dims", ())) if space.dims else []
+        padding = dict(paddings[index])
+        if padding:
+            padding["used"] = bool(space.pad_dims and k > 0)
+            if padding["used"]:
+                why += ("; shapes not specialized that fit a bucket run it padded ("
+                        f"{', '.join(space.pad_dims)}): {'; '.join(padding['proofs'].values())}; "
+                        f"checked: {padding['check']}")
         chosen = []
         for shape, share in space.hot[:k]:
             entry = {"dims": dict(shape), "share": round(share, 4)}
@@ -315,7 +343,7 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
             name, cut.nodes, mode, chosen, fallback,
             [n for n in dynamic_nodes if n in cut.nodes], why,
             [] if whole else cut.inputs, [] if whole else cut.outputs, cut.boundary,
-            list(space.dims), options))
+            list(space.dims), options, padding))
     coverage = _coverage(spaces, ks, distribution)
     predicted = {}
     if latency is not None:
@@ -329,11 +357,25 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
                 constant_inputs=fixed)
 
 
+def region_padding(model: Model, cut, index: int, dims: list[str], distribution, samples,
+                   whole: bool) -> dict[str, Any]:
+    """The padding a region may use (``edgec.padding.region_padding``) on its ONNX graph."""
+    from . import padding
+    from .regions import region_model
+
+    proto = model.proto if whole else region_model(model, cut, f"region_{index}")
+    return padding.region_padding(model, cut, proto, dims, distribution, samples)
+
+
 def _coverage(spaces, ks, distribution) -> float:
-    """The share of samples every region of which runs a specialized (or static) function."""
+    """The share of samples every region of which runs a specialized (or static) function,
+    padded or not."""
+    from .costmodel import decide
+
     covered = 0.0
     for graph_dims, share in distribution:
-        if all(not s.dims or s.specialized_at(k, graph_dims) for s, k in zip(spaces, ks)) and \
+        if all(not s.dims or decide.option_at(s, k, graph_dims)[0] in ("specialized", "padded")
+               for s, k in zip(spaces, ks)) and \
                 any(k > 0 for k in ks):
             covered += share
     return round(covered, 4)
@@ -374,11 +416,13 @@ def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
     static_regions = [not region_dims(model, cut) for cut in cuts]
     cache: dict[tuple, float] = {}
 
-    def predict(index: int, option: str, graph_dims: Mapping[str, int]) -> float:
-        key = (index, option, tuple(sorted(graph_dims.items())))
+    def predict(index: int, option: str, graph_dims: Mapping[str, int],
+                bucket: Mapping[str, int] | None = None) -> float:
+        key = (index, option, tuple(sorted(graph_dims.items())),
+               tuple(sorted(bucket.items())) if bucket else ())
         if key not in cache:
             feats = region_features(model, cuts[index], graph_dims, option, target, trips,
-                                    static=static_regions[index])
+                                    static=static_regions[index], bucket=bucket)
             cache[key] = float(cost_model.predict_ms([feats])[0])
         return cache[key]
 
@@ -390,63 +434,86 @@ def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
     return predict, cost_model
 
 
-def _policy_choice(space, settings: PlanSettings, distribution, latency, samples: int) -> tuple[int, str]:
-    """How many hot shapes the policy specializes in this region, and why."""
+def _policy_choice(space, settings: PlanSettings, distribution, latency, samples: int,
+                   pad_dims: tuple[str, ...] = ()):
+    """How many hot shapes the policy specializes in this region, why, and the space chosen
+    from (``space`` itself, or its padded variant, ``decide.padded_space``)."""
     from .costmodel import decide
 
     if not space.dims:
-        return 0, "no profiled dim reaches this region"
+        return 0, "no profiled dim reaches this region", space
     limit = min(settings.max_specializations, len(space.hot))
     policy = settings.policy
     if policy == "symbolic":
-        return 0, "policy symbolic: one symbolic function"
+        return 0, "policy symbolic: one symbolic function", space
     if policy == "specialize-then-generalize":
         k = min(1, limit)
         return k, ("policy specialize-then-generalize: the most frequent shape is specialized, "
-                   "every other generalizes to the symbolic fallback")
+                   "every other generalizes to the symbolic fallback"), space
     if policy == "specialize-seen":
         k = 0
         while k < limit and space.hot[k][1] >= settings.min_share:
             k += 1
         if k == 0:
-            return 0, f"no shape reached {settings.min_share:.0%} of {samples} samples: symbolic"
+            return 0, f"no shape reached {settings.min_share:.0%} of {samples} samples: symbolic", space
         coverage = sum(share for _, share in space.hot[:k])
         return k, (f"policy specialize-seen: {k} shape(s) each seen in at least "
                    f"{settings.min_share:.0%} of {samples} samples cover {coverage:.0%}; every "
-                   f"other shape runs the symbolic fallback")
+                   f"other shape runs the symbolic fallback"), space
     source = "predicted" if policy == "auto" else "measured"
-    costs = [decide.expected_ms(space, k, distribution, latency) for k in range(limit + 1)]
-    # The least expected latency; an exact tie goes to fewer functions (less to compile). What
-    # more functions cost is the budgets' business (--compile-budget-s, --max-artifact-mb).
-    best = min(range(limit + 1), key=lambda k: (costs[k], k))
-    if best == 0:
+    # Candidates: (space, k). The padded variant's first bucket is the largest profiled shape.
+    candidates = [(space, k) for k in range(limit + 1)]
+    padded = decide.padded_space(space, pad_dims) if pad_dims else None
+    if padded is not None:
+        candidates += [(padded, k) for k in range(1, limit + 1)]
+    costs = [decide.expected_ms(s, k, distribution, latency) for s, k in candidates]
+    # The least expected latency; an exact tie goes to fewer functions (less to compile), then to
+    # no padding. What more functions cost is the budgets' business.
+    best = min(range(len(candidates)),
+               key=lambda i: (costs[i], candidates[i][1], bool(candidates[i][0].pad_dims)))
+    chosen, k = candidates[best]
+    if k == 0:
         why = (f"{policy}: symbolic is the least {source} expected latency "
-               f"({costs[0]:.4f} ms; best specialized {min(costs[1:], default=costs[0]):.4f} ms)")
+               f"({costs[0]:.4f} ms; best other option {min(costs[1:], default=costs[0]):.4f} ms)")
+    elif chosen.pad_dims:
+        why = (f"{policy}: {k} bucket(s), the largest profiled shape first, with every smaller "
+               f"shape padded to the least bucket it fits, gives the least {source} expected "
+               f"latency, {costs[best]:.4f} ms against {costs[0]:.4f} ms symbolic and "
+               f"{min(costs[1:limit + 1], default=costs[0]):.4f} ms for the best unpadded option")
     else:
-        why = (f"{policy}: specializing the {best} hottest shape(s) gives the least {source} "
+        why = (f"{policy}: specializing the {k} hottest shape(s) gives the least {source} "
                f"expected latency, {costs[best]:.4f} ms against {costs[0]:.4f} ms symbolic")
-    return best, why
+    return k, why, chosen
 
 
-def _options_table(space, chosen_k, settings, distribution, latency, budgets) -> list[dict[str, Any]]:
+def _options_table(plain, chosen_space, chosen_k, settings, distribution, latency,
+                   budgets, pad_dims=()) -> list[dict[str, Any]]:
     from .costmodel import decide
 
+    variants = [plain]
+    if chosen_space.pad_dims:
+        variants.append(chosen_space)
+    elif pad_dims and settings.policy in ("auto", "oracle"):
+        variants.append(decide.padded_space(plain, tuple(pad_dims)))
     rows = []
-    for k in range(min(settings.max_specializations, len(space.hot)) + 1):
-        shapes = [decide.dims_key(dict(s)) for s, _ in space.hot[:k]]
-        row: dict[str, Any] = {
-            "option": "symbolic" if k == 0 else f"specialized [{'; '.join(shapes)}]",
-            "specializations": k, "chosen": k == chosen_k,
-        }
-        if latency is not None:
-            row["expected_ms"] = round(decide.expected_ms(space, k, distribution, latency), 5)
-            row["predicted_ms"] = {
-                decide.dims_key(g): round(latency(space.index, decide.option_at(space, k, g), g), 5)
-                for g, _ in distribution}
-        if budgets.seconds_of is not None:
-            # This region's share: the fixed cost of a build is counted once, in plan.predicted.
-            row["compile_s"] = round(budgets.seconds_of(space.nodes * (1 + k)) - budgets.seconds_of(0), 3)
-        rows.append(row)
+    for space in variants:
+        for k in range(1 if space.pad_dims else 0, min(settings.max_specializations, len(space.hot)) + 1):
+            shapes = [decide.dims_key(dict(s)) for s, _ in space.hot[:k]]
+            option = ("symbolic" if k == 0 else
+                      f"padded to buckets [{'; '.join(shapes)}]" if space.pad_dims else
+                      f"specialized [{'; '.join(shapes)}]")
+            row: dict[str, Any] = {
+                "option": option, "specializations": k, "padded": bool(space.pad_dims),
+                "chosen": k == chosen_k and space is chosen_space}
+            if latency is not None:
+                row["expected_ms"] = round(decide.expected_ms(space, k, distribution, latency), 5)
+                row["predicted_ms"] = {
+                    decide.dims_key(g): round(decide.latency_at(space, k, g, latency), 5)
+                    for g, _ in distribution}
+            if budgets.seconds_of is not None:
+                # This region's share: the fixed cost of a build is counted once, in plan.predicted.
+                row["compile_s"] = round(budgets.seconds_of(space.nodes * (1 + k)) - budgets.seconds_of(0), 3)
+            rows.append(row)
     return rows
 
 

@@ -80,24 +80,33 @@ def test_store_appends_whole_lines_and_skips_a_torn_one(tmp_path, monkeypatch):
 def mlp_measured():
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
     prof = profile(MLP, samples)
-    return prof, measure_model(MLP, prof, samples, TARGET, max_specializations=2, runs=2, batches=1)
+    return prof, samples, measure_model(MLP, prof, samples, TARGET, max_specializations=2, runs=2,
+                                        batches=1)
 
 
 def test_measure_times_every_option_and_feeds_fit_and_oracle(mlp_measured):
-    prof, measured = mlp_measured
+    prof, samples, measured = mlp_measured
     rows = measured.rows
     options = {(tuple(sorted(r["dims"].items())), r["option"]) for r in rows}
     hot = [((("batch", 1), ("seq", 8))), ((("batch", 2), ("seq", 4)))]
     for shape in hot:
         assert (shape, "specialized") in options and (shape, "symbolic") in options
-    assert ((("batch", 3), ("seq", 5)), "specialized") not in options
-    assert ((("batch", 3), ("seq", 5)), "fallback") in options
+    # The MLP pads safely along both dims: the largest shape is compiled too, as the bucket every
+    # other fits; a shape that is not compiled runs padded and, through the dispatch without
+    # buckets, the fallback.
+    assert ((("batch", 3), ("seq", 5)), "specialized") in options
+    assert ((("batch", 1), ("seq", 3)), "padded") in options
+    assert ((("batch", 1), ("seq", 3)), "fallback") in options
+    padded = next(r for r in rows if r["option"] == "padded")
+    assert padded["bucket"] in ({"batch": 1, "seq": 8}, {"batch": 2, "seq": 4})
+    assert padded["features"]["padded"] == 1 and 0 < padded["features"]["pad_fraction"] < 1
     assert all(r["ms"] > 0 and r["region"] == "region_0" and r["features"] for r in rows)
-    assert measured.build["node_copies"] == 2 * 3 and measured.build["library_bytes"] > 0
+    assert measured.build["node_copies"] == 2 * 4 and measured.build["library_bytes"] > 0
     assert set(measured.main_ms) == {"batch=1,seq=8", "batch=2,seq=4", "batch=1,seq=3", "batch=3,seq=5"}
 
     table = measured.table()
-    oracle = plan(MLP, prof, TARGET, PlanSettings("oracle", max_specializations=2), measured=table)
+    oracle = plan(MLP, prof, TARGET, PlanSettings("oracle", max_specializations=2), measured=table,
+                  samples=samples)
     symbolic = plan(MLP, prof, TARGET, PlanSettings("symbolic"))
     assert plan_expected_ms(oracle, MLP, prof, table) <= plan_expected_ms(symbolic, MLP, prof, table) + 1e-9
 

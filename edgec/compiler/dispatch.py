@@ -28,13 +28,20 @@ def symbolic_vars(func: relax.Function) -> dict[str, tirx.Var]:
 
 
 def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int]],
-                       prefix: str = "") -> tvm.IRModule:
+                       prefix: str = "", padding: "PadSpec | None" = None,
+                       exact_dispatch: bool = False) -> tvm.IRModule:
     """Return a module whose ``main`` dispatches to one static function per specialization.
 
     ``specializations`` are assignments of ``main``'s symbolic dims; a dim left out stays symbolic
     in that specialization. The original ``main`` becomes ``generic``, the fallback for every other
     shape. The input module is not changed. With no specializations it is returned as is.
     ``prefix`` goes before the new functions' names (``generic``, ``spec_i``).
+
+    ``padding`` (proved safe by ``edgec.padding``) adds buckets: a shape that matches no
+    specialization exactly but fits one along the padded dims (every other dim equal) runs the
+    smallest such one, its inputs zero-padded along ``padding.inputs``' axes and its outputs sliced
+    back along ``padding.outputs``'. ``exact_dispatch`` also keeps the dispatch without buckets as
+    ``{prefix}exact`` (collect times both).
     """
     if not specializations:
         return mod
@@ -56,27 +63,107 @@ def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int
         func = generic.bind_symbolic_vars(dict(spec))
         specialized.append((builder.add_func(func, f"{prefix}spec_{index}"), spec, func))
 
-    main = relax.utils.copy_with_new_vars(generic)
-    dims = symbolic_vars(main)
-    body: relax.Expr = relax.Call(generic_gv, list(main.params))
-    for gvar, spec, func in reversed(specialized):
-        condition = relax.prim_value(tirx.all(*[dims[name] == value for name, value in spec.items()]))
-        bindings: list[relax.Binding] = []
-        args = []
-        for param, static_param in zip(main.params, func.params):
-            cast = relax.Var(f"{param.name}_static", static_param.ty)
-            bindings.append(relax.MatchCast(cast, param, static_param.ty))
-            args.append(cast)
-        result = relax.Var(f"{gvar.name_hint}_out", func.ret_ty)
-        bindings.append(relax.VarBinding(result, relax.Call(gvar, args)))
-        then_branch = relax.SeqExpr([relax.BindingBlock(bindings)], result)
-        body = relax.If(condition, then_branch, body)
-
     attrs = {k: v for k, v in generic.attrs.items()} if generic.attrs else {}
-    with builder.function("main", list(main.params), attrs=attrs):
-        output = builder.emit(body)
-        builder.emit_func_output(output)
+    names = ["main"] + ([f"{prefix}exact"] if exact_dispatch and padding else [])
+    for name in names:
+        main = relax.utils.copy_with_new_vars(generic)
+        dims = symbolic_vars(main)
+        body: relax.Expr = relax.Call(generic_gv, list(main.params))
+        if padding and name == "main":
+            buckets = sorted(specialized, key=lambda entry: padding.volume(entry[1]))
+            for gvar, spec, func in reversed(buckets):
+                body = relax.If(padding.condition(dims, spec),
+                                padding.branch(builder, main, dims, gvar, spec, func), body)
+        for gvar, spec, func in reversed(specialized):
+            condition = relax.prim_value(tirx.all(*[dims[n] == value for n, value in spec.items()]))
+            bindings: list[relax.Binding] = []
+            args = []
+            for param, static_param in zip(main.params, func.params):
+                cast = relax.Var(f"{param.name}_static", static_param.ty)
+                bindings.append(relax.MatchCast(cast, param, static_param.ty))
+                args.append(cast)
+            result = relax.Var(f"{gvar.name_hint}_out", func.ret_ty)
+            bindings.append(relax.VarBinding(result, relax.Call(gvar, args)))
+            then_branch = relax.SeqExpr([relax.BindingBlock(bindings)], result)
+            body = relax.If(condition, then_branch, body)
+        with builder.function(name, list(main.params), attrs=dict(attrs)):
+            output = builder.emit(body)
+            builder.emit_func_output(output)
     return builder.get()
+
+
+def pad_spec(padding: Mapping | None, input_names: list[str],
+             output_names: list[str]) -> "PadSpec | None":
+    """The ``PadSpec`` of a plan region's ``padding`` (see ``edgec.plan.Region``) for a function
+    whose params and results are ``input_names`` and ``output_names``; None when it pads nothing."""
+    if not padding or not padding.get("used"):
+        return None
+    return PadSpec(list(padding["dims"]),
+                   [[(int(a), d) for a, d in padding["inputs"].get(n, [])] for n in input_names],
+                   [[(int(a), d) for a, d in padding["outputs"].get(n, [])] for n in output_names])
+
+
+class PadSpec:
+    """Where a region pads and slices (from ``edgec.padding`` proofs): per padded dim, the axes
+    of each input (by position) padded and of each output sliced."""
+
+    def __init__(self, dims: list[str], inputs: list[list[tuple[int, str]]],
+                 outputs: list[list[tuple[int, str]]]):
+        self.dims = dims
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def volume(self, spec: Mapping[str, int]) -> int:
+        volume = 1
+        for dim in self.dims:
+            volume *= int(spec.get(dim, 1))
+        return volume
+
+    def condition(self, dims: Mapping[str, tirx.Var], spec: Mapping[str, int]) -> relax.Expr:
+        return relax.prim_value(tirx.all(*[
+            dims[n] <= value if n in self.dims else dims[n] == value for n, value in spec.items()]))
+
+    def branch(self, builder: relax.BlockBuilder, main: relax.Function, dims, gvar, spec, func):
+        """The bindings that pad ``main``'s params to ``spec``, call ``gvar`` and slice back."""
+        bindings: list[relax.Binding] = []
+        counter = [0]
+
+        def bind(expr: relax.Expr, hint: str) -> relax.Var:
+            expr = builder.normalize(expr)
+            var = relax.Var(f"{hint}_{counter[0]}", expr.ty)
+            counter[0] += 1
+            bindings.append(relax.VarBinding(var, expr))
+            return var
+
+        args = []
+        for param, static_param, axes in zip(main.params, func.params, self.inputs):
+            value: relax.Expr = param
+            for axis, dim in axes:
+                if dim not in spec:
+                    continue
+                shape = list(value.ty.shape.values)
+                extra = list(shape)
+                extra[axis] = tirx.IntImm("int64", int(spec[dim])) - dims[dim]
+                zeros = bind(relax.op.zeros(relax.ShapeExpr(extra), value.ty.dtype), "pad")
+                value = bind(relax.op.concat([value, zeros], axis=axis), "padded")
+            cast = relax.Var(f"{param.name}_bucket", static_param.ty)
+            bindings.append(relax.MatchCast(cast, value, static_param.ty))
+            args.append(cast)
+        result = relax.Var(f"{gvar.name_hint}_padded_out", func.ret_ty)
+        bindings.append(relax.VarBinding(result, relax.Call(gvar, args)))
+        single = not isinstance(func.ret_ty, relax.TupleType)
+        items = [result] if single else [bind(relax.TupleGetItem(result, i), "item")
+                                         for i in range(len(self.outputs))]
+        sliced = []
+        for item, axes in zip(items, self.outputs):
+            axes = [(axis, dim) for axis, dim in axes if dim in spec]
+            if axes:
+                item = bind(relax.op.strided_slice(
+                    item, [axis for axis, _ in axes], [0] * len(axes),
+                    [dims[dim] for _, dim in axes], assume_inbound=True), "sliced")
+            sliced.append(item)
+        out = sliced[0] if single else bind(relax.Tuple(sliced), "outputs")
+        return relax.SeqExpr([relax.BindingBlock(bindings)], out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,7 +183,8 @@ def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
     """One module whose ``main`` calls one function per region in order.
 
     Each entry of ``regions`` has ``name``, ``nodes``, ``inputs``, ``outputs`` and
-    ``specializations`` (assignments of that region's symbolic dims). A region with
+    ``specializations`` (assignments of that region's symbolic dims), and optionally ``padding``
+    (a plan Region's) and ``exact_dispatch`` (see ``add_shape_dispatch``). A region with
     specializations becomes ``NAME`` dispatching to ``NAME__spec_i`` or ``NAME__generic``; without
     them ``NAME`` is its one symbolic function. Every function stays callable by name, so a
     region can be timed alone.
@@ -112,7 +200,10 @@ def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
         cut = RegionCut(region["nodes"], region["inputs"], region["outputs"], "")
         sub = import_onnx(from_proto(region_model(model, cut, region["name"]),
                                      f"{model.name}.{region['name']}"))
-        sub = add_shape_dispatch(sub, region.get("specializations", []), prefix=f"{region['name']}__")
+        sub = add_shape_dispatch(sub, region.get("specializations", []), prefix=f"{region['name']}__",
+                                 padding=pad_spec(region.get("padding"), region["inputs"],
+                                                  region["outputs"]),
+                                 exact_dispatch=region.get("exact_dispatch", False))
         sub = _rename_main(sub, region["name"])
         attrs = attrs or sub.attrs
         for gv, func in sub.functions.items():

@@ -1,4 +1,5 @@
-"""Choosing each region's option: the number of hot shapes it specializes (0 = symbolic).
+"""Choosing each region's option: the number of hot shapes it specializes (0 = symbolic), and
+whether shapes it did not specialize run padded to a larger specialized one (a bucket).
 
 Regions run one after the other, so a plan's latency at a shape is the sum of its regions'; the
 expected latency over the profiled distribution is then a sum over regions, and each region's
@@ -13,8 +14,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 Dims = Mapping[str, int]
-# latency(region index, option, graph dims) -> ms
-Latency = Callable[[int, str, Dims], float]
+# latency(region index, option, graph dims, bucket) -> ms; ``bucket`` (the specialized dims a
+# padded run uses) is given for option "padded" only.
+Latency = Callable[..., float]
 
 
 def dims_key(dims: Mapping[str, int]) -> str:
@@ -24,12 +26,15 @@ def dims_key(dims: Mapping[str, int]) -> str:
 @dataclass(frozen=True)
 class RegionSpace:
     """What a region can choose from: its hot shapes (over ``dims``, the graph dims it is
-    specialized on) by share, most frequent first, and its size in nodes."""
+    specialized on) in the order they are specialized (by share, most frequent first), and its
+    size in nodes. ``pad_dims``: the dims padded to buckets (empty: no padding); in such a space
+    ``hot`` starts with the largest profiled shape, the bucket every smaller shape fits."""
 
     index: int
     dims: tuple[str, ...]
     hot: tuple[tuple[tuple[tuple[str, int], ...], float], ...]
     nodes: int
+    pad_dims: tuple[str, ...] = ()
 
     def project(self, graph_dims: Dims) -> tuple[tuple[str, int], ...]:
         return tuple(sorted((d, int(graph_dims[d])) for d in self.dims if d in graph_dims))
@@ -48,16 +53,62 @@ def region_space(index: int, dims: list[str], distribution: list[tuple[dict[str,
     return RegionSpace(index, tuple(dims), hot, nodes)
 
 
-def option_at(space: RegionSpace, k: int, graph_dims: Dims) -> str:
-    """How a region with ``k`` specializations runs at a shape (see ``features.OPTIONS``)."""
+def padded_space(space: RegionSpace, pad_dims: tuple[str, ...]) -> RegionSpace:
+    """``space`` with ``pad_dims`` padded: the largest profiled shape (in padded elements) is
+    specialized first, so that one bucket already serves every shape that fits it; then the
+    hot shapes in order."""
+    if not pad_dims or not space.hot:
+        return space
+    largest = max(space.hot, key=lambda entry: (_volume(dict(entry[0]), pad_dims), entry[0]))
+    rest = tuple(entry for entry in space.hot if entry is not largest)
+    return RegionSpace(space.index, space.dims, (largest,) + rest, space.nodes, tuple(pad_dims))
+
+
+def _volume(dims: Dims, pad_dims) -> int:
+    volume = 1
+    for dim in pad_dims:
+        volume *= int(dims.get(dim, 1))
+    return volume
+
+
+def run_option(specs: list[Dims], pad_dims, graph_dims: Dims) -> tuple[str, dict[str, int] | None]:
+    """How a region specialized for ``specs`` (dicts over its dims), padding ``pad_dims``, runs at
+    ``graph_dims``: ``("specialized", None)`` for an exact match; ``("padded", bucket)`` for the
+    smallest spec that every padded dim fits and every other dim equals (what
+    ``compiler.dispatch`` picks); else ``("fallback", None)``; ``("symbolic", None)`` without
+    specs."""
+    if not specs:
+        return "symbolic", None
+    for spec in specs:
+        if all(int(graph_dims.get(d, -1)) == int(v) for d, v in spec.items()):
+            return "specialized", None
+    if pad_dims:
+        fitting = [spec for spec in specs if all(
+            int(graph_dims.get(d, -1)) <= int(v) if d in pad_dims else int(graph_dims.get(d, -1)) == int(v)
+            for d, v in spec.items())]
+        if fitting:
+            return "padded", dict(min(fitting, key=lambda spec: _volume(spec, pad_dims)))
+    return "fallback", None
+
+
+def option_at(space: RegionSpace, k: int, graph_dims: Dims) -> tuple[str, dict[str, int] | None]:
+    """How a region with ``k`` specializations runs at a shape (see ``features.OPTIONS``), and
+    the bucket a padded run uses."""
     if k == 0 or not space.dims:
-        return "symbolic"
-    return "specialized" if space.specialized_at(k, graph_dims) else "fallback"
+        return "symbolic", None
+    return run_option([dict(shape) for shape, _ in space.hot[:k]], space.pad_dims, graph_dims)
+
+
+def latency_at(space: RegionSpace, k: int, graph_dims: Dims, latency: Latency) -> float:
+    option, bucket = option_at(space, k, graph_dims)
+    if option == "padded":
+        return latency(space.index, option, graph_dims, bucket)
+    return latency(space.index, option, graph_dims)
 
 
 def expected_ms(space: RegionSpace, k: int, distribution: list[tuple[dict[str, int], float]],
                 latency: Latency) -> float:
-    return sum(share * latency(space.index, option_at(space, k, g), g) for g, share in distribution)
+    return sum(share * latency_at(space, k, g, latency) for g, share in distribution)
 
 
 @dataclass

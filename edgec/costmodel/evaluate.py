@@ -75,12 +75,13 @@ def plan_expected_ms(the_plan, model, prof, table) -> float:
     distribution = prof.shape_distribution()
     total = 0.0
     for index, region in enumerate(the_plan.regions):
-        hot = [tuple(sorted(s["dims"].items())) for s in region.specializations]
+        specs = [s["dims"] for s in region.specializations] if region.dims else []
+        pad_dims = region.padding.get("dims", []) if region.padding.get("used") else []
         for graph_dims, share in distribution:
-            projected = tuple(sorted((d, int(graph_dims[d])) for d in region.dims))
-            option = ("symbolic" if not (hot and region.dims) else
-                      "specialized" if projected in hot else "fallback")
-            total += share * table(index, option, graph_dims)
+            projected = {d: int(graph_dims[d]) for d in region.dims}
+            option, bucket = decide.run_option(specs, pad_dims, projected)
+            total += share * (table(index, option, graph_dims, bucket) if bucket else
+                              table(index, option, graph_dims))
     return total
 
 
@@ -97,7 +98,7 @@ def evaluate(target: Target, rows: list[dict[str, Any]], holdout: list[str],
         train = [r for r in best if r["model"] != name]
         train_builds = [b for b in builds if b["model"] != name]
         cost_model = fit(train, train_builds, target.name)
-        model, _, prof = zoo_case(name)
+        model, samples, prof = zoo_case(name)
         test = [r for r in best if r["model"] == name and r["model_sha256"] == model.sha256]
         if not test:
             results.append({"model": name, "error": "no measurements of this model"})
@@ -116,13 +117,15 @@ def evaluate(target: Target, rows: list[dict[str, Any]], holdout: list[str],
         policies = {}
         for policy in POLICY_ORDER:
             policy_settings = PlanSettings(policy, settings.max_specializations, settings.min_share)
-            the_plan = plan(model, prof, target, policy_settings, cost_model=cost_model, measured=table)
+            the_plan = plan(model, prof, target, policy_settings, cost_model=cost_model, measured=table,
+                            samples=samples)
             expected = plan_expected_ms(the_plan, model, prof, table)
             by_pass = [plan_expected_ms(the_plan, model, prof, t) for t in pass_tables]
             policies[policy] = {
                 "expected_ms": round(expected, 5),
                 "expected_ms_by_pass": [round(v, 5) for v in by_pass],
                 "specializations": [len(r.specializations) for r in the_plan.regions],
+                "padded": [bool(r.padding.get("used")) for r in the_plan.regions],
             }
         additivity = _additivity(rows, model, test, table)
         spreads = [max(p["expected_ms_by_pass"]) / min(p["expected_ms_by_pass"]) - 1

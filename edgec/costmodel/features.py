@@ -21,8 +21,9 @@ from ..regions import RegionCut
 from ..targets import Target
 
 # How a region runs at a shape: its one symbolic function; its dispatch into a static copy; its
-# dispatch that finds none and runs the symbolic fallback.
-OPTIONS = ("symbolic", "specialized", "fallback")
+# dispatch that finds none and runs the symbolic fallback; its dispatch that pads the inputs to a
+# larger static copy (a bucket), runs it and slices the outputs back.
+OPTIONS = ("symbolic", "specialized", "fallback", "padded")
 
 _MATMUL = ("MatMul", "Gemm", "MatMulInteger", "Einsum")
 _CONV = ("Conv", "ConvTranspose", "ConvInteger")
@@ -42,7 +43,8 @@ FEATURE_NAMES = (
     "frac_reduce", "frac_movement", "frac_shape", "frac_elementwise", "control_flow",
     "log_trips", "log_sub_nodes", "unknown_dims", "log_input_elements", "log_max_dim",
     "symbolic_dims", "static", "dispatch", "dispatch_x_inv_bytes", "static_x_log_nodes", "static_x_frac_movement",
-    "static_x_log_flops", "target_cores", "target_vector_bits",
+    "static_x_log_flops", "target_cores", "target_vector_bits", "padded", "pad_fraction",
+    "log_pad_bytes",
 )
 
 
@@ -111,12 +113,18 @@ def target_features(target: Target) -> dict[str, float]:
 
 def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], option: str,
                     target: Target, trips: Mapping[str, float] | None = None,
-                    static: bool = False) -> dict[str, float]:
+                    static: bool = False, bucket: Mapping[str, int] | None = None) -> dict[str, float]:
     """The features of region ``cut`` of ``model`` run as ``option`` with the graph inputs'
     symbolic dims at ``dims``; ``trips`` gives a loop's mean trip count by node name. ``static``:
-    the region has no symbolic dim, so even its one function is static."""
+    the region has no symbolic dim, so even its one function is static. ``bucket``: for option
+    ``padded``, the dims of the static copy it runs (its work is that copy's, on padded inputs)."""
     if option not in OPTIONS:
         raise ValueError(f"unknown option {option!r}")
+    if option == "padded" and not bucket:
+        raise ValueError("option 'padded' needs the bucket it runs")
+    real_dims = dict(dims)
+    if option == "padded":
+        dims = {**dims, **bucket}
     shapes = _shapes_at(_fixed(model, dims))
     by_name = {n.name: n for n in model.proto.graph.node}
     flops = moved = 0.0
@@ -182,9 +190,23 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
                                              if shapes.get(i)) + 1.0),
         "log_max_dim": math.log10(max([d for d in input_dims if d] or [1])),
         "symbolic_dims": float(len(dims)),
-        "static": 1.0 if option == "specialized" or static else 0.0,
-        "dispatch": 1.0 if option in ("specialized", "fallback") else 0.0,
+        "static": 1.0 if option in ("specialized", "padded") or static else 0.0,
+        "dispatch": 1.0 if option in ("specialized", "fallback", "padded") else 0.0,
     }
+    # Padding: the share of the bucket's input elements that are padding, and the bytes the pad
+    # and slice copies move (inputs and outputs at the bucket).
+    padded = option == "padded"
+    fraction = 0.0
+    if padded:
+        real = sum(_elements(shapes[i][1]) for i in cut.inputs if shapes.get(i))
+        real_shapes = _shapes_at(_fixed(model, real_dims))
+        small = sum(_elements(real_shapes[i][1]) for i in cut.inputs if real_shapes.get(i))
+        fraction = 1.0 - small / real if real else 0.0
+    copied = sum(_elements(shapes[v][1]) * _itemsize(shapes[v][0])
+                 for v in list(cut.inputs) + list(cut.outputs) if shapes.get(v)) if padded else 0.0
+    feats["padded"] = 1.0 if padded else 0.0
+    feats["pad_fraction"] = fraction
+    feats["log_pad_bytes"] = math.log10(copied + 1.0)
     # A dispatch adds about a constant time: in log time that is worth more the less the region
     # moves (per 10 kB moved).
     feats["dispatch_x_inv_bytes"] = feats["dispatch"] * 1e4 / (moved + 1.0)

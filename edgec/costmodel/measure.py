@@ -23,7 +23,7 @@ from ..plan import Plan, PlanSettings, plan
 from ..profile import Profile
 from ..samples import Sample, sample_dims
 from ..targets import Target
-from .decide import dims_key
+from .decide import dims_key, run_option
 from .features import loop_trips, region_features
 
 
@@ -60,15 +60,36 @@ def _outputs(result: Any, count: int) -> list[Any]:
     return [result[i] for i in range(count)]
 
 
-def all_options_plan(model: Model, prof: Profile, target: Target, max_specializations: int) -> Plan:
+def all_options_plan(model: Model, prof: Profile, target: Target, max_specializations: int,
+                     samples: list[Sample] | None = None) -> Plan:
     """The plan that compiles every region with its ``max_specializations`` hottest shapes, with
-    regions named ``region_K`` and lowered as separate functions even for a one-region model."""
+    regions named ``region_K`` and lowered as separate functions even for a one-region model.
+    A region that may pad (``plan.region_padding``, checked on ``samples``) also gets the
+    largest profiled shape, the first bucket of ``decide.padded_space``, and pads to them all."""
+    from ..plan import region_padding
+    from .decide import padded_space, region_space
+
     base = plan(model, prof, target, PlanSettings("specialize-seen", max_specializations, 0.0))
+    distribution = prof.shape_distribution()
+    whole = len(base.regions) == 1
     regions = []
     for index, region in enumerate(base.regions):
         cut = region.cut(model)
+        padding = {}
+        specializations = region.specializations
+        if region.dims and samples and not base.constant_inputs:
+            padding = region_padding(model, cut, index, list(region.dims), distribution, samples, whole)
+            if padding["dims"]:
+                padding["used"] = True
+                space = padded_space(region_space(index, list(region.dims), distribution,
+                                                  len(cut.nodes)), tuple(padding["dims"]))
+                largest, share = space.hot[0]
+                if dict(largest) not in [s["dims"] for s in specializations]:
+                    specializations = specializations + [{"dims": dict(largest), "share": round(share, 4)}]
         regions.append(dataclasses.replace(region, name=f"region_{index}", inputs=cut.inputs,
-                                           outputs=cut.outputs))
+                                           outputs=cut.outputs, padding=padding,
+                                           specializations=specializations,
+                                           mode="specialized" if specializations else region.mode))
     return dataclasses.replace(base, regions=regions)
 
 
@@ -85,16 +106,43 @@ class Measured:
         return latency_table(self.rows)
 
 
-def latency_table(rows: list[dict[str, Any]]) -> Callable[[int, str, Mapping[str, int]], float]:
+def latency_table(rows: list[dict[str, Any]]) -> Callable[..., float]:
     """A lookup over measured rows (of one model). Options: ``symbolic`` (one function),
-    ``specialized`` (dispatch to a static copy), ``fallback`` (dispatch that finds no copy)."""
+    ``specialized`` (dispatch to a static copy), ``fallback`` (dispatch that finds no copy),
+    ``padded`` (dispatch that pads to a bucket: collect timed the least bucket the shape fits;
+    another bucket's time is that minus the measured static run at the first plus the one at the
+    second)."""
     values: dict[tuple[int, str, str], list[float]] = defaultdict(list)
+    buckets: dict[tuple[int, str], dict[str, int]] = {}
+    specialized_at: dict[tuple[int, str], list[float]] = defaultdict(list)
     for row in rows:
         values[(row["region_index"], row["option"], dims_key(row["dims"]))].append(row["ms"])
+        if row["option"] == "padded":
+            buckets[(row["region_index"], dims_key(row["dims"]))] = row["bucket"]
     merged = {k: statistics.median(v) for k, v in values.items()}
+    static_rows = [r for r in rows if r["option"] == "specialized"]
 
-    def lookup(index: int, option: str, graph_dims: Mapping[str, int]) -> float:
+    def static_ms(index: int, bucket: Mapping[str, int]) -> float | None:
+        key = (index, dims_key(bucket))
+        if key not in specialized_at:
+            for r in static_rows:
+                if r["region_index"] == index and all(r["dims"].get(d) == v for d, v in bucket.items()):
+                    specialized_at[key].append(r["ms"])
+        return statistics.median(specialized_at[key]) if specialized_at[key] else None
+
+    def lookup(index: int, option: str, graph_dims: Mapping[str, int],
+               bucket: Mapping[str, int] | None = None) -> float:
         key = dims_key(graph_dims)
+        if option == "padded":
+            if (index, option, key) in merged:
+                timed = merged[(index, option, key)]
+                timed_bucket = buckets[(index, key)]
+                if bucket is None or dims_key(bucket) == dims_key(timed_bucket):
+                    return timed
+                there, here = static_ms(index, timed_bucket), static_ms(index, bucket)
+                if there is not None and here is not None:
+                    return max(timed - there + here, here)
+            option = "fallback"
         if (index, option, key) in merged:
             return merged[(index, option, key)]
         if option == "specialized" and (index, "fallback", key) in merged:
@@ -113,10 +161,10 @@ def measure_model(model: Model, prof: Profile, samples: list[Sample], target: Ta
     """Build ``model`` with every option and time each region's functions at each seen shape."""
     from ..build import build
 
-    the_plan = all_options_plan(model, prof, target, max_specializations)
+    the_plan = all_options_plan(model, prof, target, max_specializations, samples)
     cuts = [r.cut(model) for r in the_plan.regions]
     start = time.perf_counter()
-    artifact = build(model, the_plan, [target])
+    artifact = build(model, the_plan, [target], exact_dispatch=True)
     compile_s = time.perf_counter() - start
     library = artifact.manifest["libraries"][target.name]
     node_copies = sum(len(r.nodes) * (1 + len(r.specializations)) for r in the_plan.regions)
@@ -138,6 +186,7 @@ def measure_model(model: Model, prof: Profile, samples: list[Sample], target: Ta
         vm = compiled._vm
         for key, group in by_shape.items():
             times: dict[tuple[int, str], list[float]] = defaultdict(list)
+            buckets: dict[tuple[int, str], dict[str, int]] = {}
             dims = sample_dims(model, group[0])
             main_times = []
             for sample in group[:per_shape]:
@@ -151,26 +200,35 @@ def measure_model(model: Model, prof: Profile, samples: list[Sample], target: Ta
                     env.update(zip(region.outputs, _outputs(result, len(region.outputs))))
                     # symbolic: the one function, no dispatch. With specializations the region's
                     # own function dispatches: to a static copy at a hot shape ("specialized"),
-                    # else, after checking every hot shape, to the fallback ("fallback").
+                    # to the least bucket the shape fits, padded ("padded"), else, after checking
+                    # every hot shape, to the fallback ("fallback"; a padding region's
+                    # ``__exact`` dispatch has no buckets, so it is timed at every other shape).
                     functions = {"symbolic": vm[f"{region.name}__generic" if region.specializations
                                                 else region.name]}
                     spec_dims = [s["dims"] for s in region.specializations]
+                    pad_dims = region.padding.get("dims", []) if region.padding.get("used") else []
                     projected = {d: dims[d] for d in region.dims}
+                    hit, bucket = run_option(spec_dims, pad_dims, projected)
                     if region.specializations:
-                        hit = "specialized" if projected in spec_dims else "fallback"
                         functions[hit] = vm[region.name]
+                        if hit == "padded":
+                            buckets[(index, "padded")] = bucket
+                        if pad_dims and hit != "specialized":
+                            functions["fallback"] = vm[f"{region.name}__exact"]
                     calls = [lambda f=f: f(*region_args) for f in functions.values()]
                     for option, ms in zip(functions, _time_interleaved(calls, runs, warmup, batches)):
                         times[(index, option)].append(ms)
             main_ms[key] = round(statistics.median(main_times), 5)
             for (index, option), values in times.items():
                 region = the_plan.regions[index]
+                bucket = buckets.get((index, option))
                 rows.append({
                     "kind": "region", "model": model.name, "model_sha256": model.sha256,
                     "target": target.name, "region": region.name, "region_index": index,
                     "boundary": region.boundary, "nodes": len(region.nodes), "option": option,
-                    "dims": dims, "features": region_features(model, cuts[index], dims, option,
-                                                              target, trips, region.mode == "static"),
+                    "dims": dims, **({"bucket": bucket} if bucket else {}),
+                    "features": region_features(model, cuts[index], dims, option, target, trips,
+                                                region.mode == "static", bucket=bucket),
                     "ms": round(statistics.median(values), 5), "runs": runs, "batches": batches, "source": source,
                     "pass": pass_index,
                 })

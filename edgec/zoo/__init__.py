@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from edgec.errors import EdgecError
-from edgec.zoo import control_flow, digits, dynamic, light, static
+from edgec.zoo import bucketed, control_flow, digits, dynamic, light, static
 
 Samples = list[dict[str, np.ndarray]]
 
@@ -80,6 +80,12 @@ def _registry() -> dict[str, ZooModel]:
         ZooModel("scan_rnn", "dynamic", "tanh RNN over a variable-length sequence (Scan)",
                  control_flow.make_scan_rnn, control_flow.scan_rnn_samples, 16,
                  ("Scan", "dynamic-shape")),
+        ZooModel("cnn_batch", "dynamic",
+                 "CNN over micro-batches of 16x16 images, dynamic batch (1 + Poisson(3))",
+                 bucketed.make_cnn_batch, bucketed.cnn_batch_samples, 24, ("dynamic-shape",)),
+        ZooModel("token_tagger", "dynamic",
+                 "per-token tagger (embedding, MLP, LayerNorm), sentences of many distinct lengths",
+                 bucketed.make_token_tagger, bucketed.token_tagger_samples, 24, ("dynamic-shape",)),
     ]
     for name in light.light_names():
         models.append(ZooModel(
