@@ -610,8 +610,7 @@ def costmodel_collect(target: str, models: str, passes: int, runs: int, batches:
     """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
     _kernels_on_calling_thread()
     from .costmodel.collect import collect
-    from .costmodel.store import MEASUREMENTS_FILE
-    from .targets import autotune_dir
+    from .costmodel.store import measurements_path
     from .targets import load_target
 
     if passes < 1 or runs < 1 or batches < 1:
@@ -619,7 +618,7 @@ def costmodel_collect(target: str, models: str, passes: int, runs: int, batches:
     loaded = load_target(target)
     names = [n.strip() for n in models.split(",") if n.strip()] or None
     collect(loaded, names, passes, max_specializations, runs, batches, progress=click.echo)
-    click.echo(f"appended to {autotune_dir(loaded) / MEASUREMENTS_FILE}")
+    click.echo(f"appended to {measurements_path(loaded)}")
 
 
 @costmodel.command("train")

@@ -8,9 +8,10 @@ ops) and gives each an option:
 - ``specialized``: static copies for its hot shapes (assignments of the graph's symbolic dims that
   reach the region) with the symbolic function as fallback for every other shape.
 
-Padding to shape buckets is not offered: it is safe only when every op of a region is
-independent along the padded dim and its outputs are sliced back, and edgec does not prove that
-yet, so it never pads.
+- ``padded``: (``auto`` and ``oracle`` only) a specialized region whose shapes that match no
+  static copy run the least larger one (a bucket): inputs zero-padded, outputs sliced back. Only
+  where ``edgec.padding`` proves no op mixes positions along the padded dims and onnxruntime
+  confirms it on the samples; the first bucket is the largest profiled shape.
 
 Policies (the planner decides and records; only ``build`` lowers):
 

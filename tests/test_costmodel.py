@@ -34,6 +34,21 @@ def test_features_count_the_work_at_a_shape():
     assert small["frac_matmul"] == 0.5 and small["target_vector_bits"] == 256
 
 
+def test_padded_features_are_the_buckets_with_the_padded_share():
+    cut = cut_regions(MLP)[0]
+    padded = region_features(MLP, cut, {"batch": 1, "seq": 4}, "padded", TARGET, bucket={"seq": 8})
+    bucket = region_features(MLP, cut, {"batch": 1, "seq": 8}, "specialized", TARGET)
+    assert padded["log_flops"] == bucket["log_flops"] and padded["static"] == 1
+    assert padded["padded"] == 1 and padded["pad_fraction"] == pytest.approx(0.5)
+    assert bucket["padded"] == 0 and bucket["pad_fraction"] == 0 and bucket["log_pad_bytes"] == 0
+    # The MatMul has a constant weight (a oneDNN call); the Relu is a TVM kernel.
+    assert bucket["frac_library"] == 0.5
+    assert 10 ** bucket["log_library_flops"] - 1 == pytest.approx(2 * 8 * 8 * 16, rel=1e-4)
+    assert 10 ** bucket["log_tvm_flops"] - 1 == pytest.approx(8 * 8, rel=1e-4)
+    with pytest.raises(ValueError, match="bucket"):
+        region_features(MLP, cut, {"batch": 1, "seq": 4}, "padded", TARGET)
+
+
 @pytest.mark.parametrize("name", learn.LEARNERS)
 def test_learners_fit_and_round_trip_through_json(name):
     rng = np.random.default_rng(0)

@@ -44,7 +44,7 @@ FEATURE_NAMES = (
     "log_trips", "log_sub_nodes", "unknown_dims", "log_input_elements", "log_max_dim",
     "symbolic_dims", "static", "dispatch", "dispatch_x_inv_bytes", "static_x_log_nodes", "static_x_frac_movement",
     "static_x_log_flops", "target_cores", "target_vector_bits", "padded", "pad_fraction",
-    "log_pad_bytes",
+    "log_pad_bytes", "log_library_flops", "log_tvm_flops", "log_kernels", "frac_library",
 )
 
 
@@ -128,6 +128,9 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
     shapes = _shapes_at(_fixed(model, dims))
     by_name = {n.name: n for n in model.proto.graph.node}
     flops = moved = 0.0
+    library_flops = 0.0
+    library_calls = kernels = 0
+    weights = {init.name for init in model.proto.graph.initializer}
     counts = dict.fromkeys(("matmul", "conv", "reduce", "movement", "shape", "elementwise"), 0)
     control = sub_nodes = 0
     trip_total = 0.0
@@ -142,17 +145,27 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
                 unknown |= {(value, a) for a, d in enumerate(known[1]) if d is None}
         out_elems = sum(_elements(o[1]) for o in outs if o is not None)
         moved += sum(_elements(v[1]) * _itemsize(v[0]) for v in outs + ins if v is not None)
+        # Kernels: ops other than shape arithmetic (which folds or runs on the host). A matmul or
+        # conv with a constant weight is a oneDNN call (compiler.library_dispatch); the rest are
+        # TVM kernels.
+        kernels += op not in _SHAPE
         if op in _MATMUL:
             k = ins[0][1][-1] if ins and ins[0] is not None and ins[0][1] and ins[0][1][-1] else 1
             if op == "Gemm" and any(a.name == "transA" and a.i for a in node.attribute) and ins[0]:
                 k = ins[0][1][0] or 1
             flops += 2.0 * out_elems * k
             counts["matmul"] += 1
+            if len(node.input) > 1 and node.input[1] in weights:
+                library_flops += 2.0 * out_elems * k
+                library_calls += 1
         elif op in _CONV:
             weight = ins[1] if len(ins) > 1 and ins[1] is not None else None
             per_out = _elements(weight[1][1:]) if weight else 1
             flops += 2.0 * out_elems * per_out
             counts["conv"] += 1
+            if len(node.input) > 1 and node.input[1] in weights:
+                library_flops += 2.0 * out_elems * per_out
+                library_calls += 1
         elif op in _REDUCE:
             flops += 4.0 * sum(_elements(v[1]) for v in ins[:1] if v is not None)
             counts["reduce"] += 1
@@ -204,6 +217,10 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
         fraction = 1.0 - small / real if real else 0.0
     copied = sum(_elements(shapes[v][1]) * _itemsize(shapes[v][0])
                  for v in list(cut.inputs) + list(cut.outputs) if shapes.get(v)) if padded else 0.0
+    feats["log_library_flops"] = math.log10(library_flops + 1.0)
+    feats["log_tvm_flops"] = math.log10(max(flops - library_flops, 0.0) + 1.0)
+    feats["log_kernels"] = math.log10(kernels + 1.0)
+    feats["frac_library"] = library_calls / max(kernels, 1)
     feats["padded"] = 1.0 if padded else 0.0
     feats["pad_fraction"] = fraction
     feats["log_pad_bytes"] = math.log10(copied + 1.0)

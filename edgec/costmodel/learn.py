@@ -18,7 +18,8 @@ LEARNERS = ("ridge", "ridge-core", "gbdt", "roofline")
 # five models to learn from, fewer features generalize better to a model left out.
 CORE_FEATURES = ("log_flops", "log_bytes", "log_nodes", "static", "dispatch", "dispatch_x_inv_bytes",
                  "log_trips", "log_sub_nodes",
-                 "control_flow", "log_input_elements", "frac_matmul", "frac_movement", "frac_reduce")
+                 "control_flow", "log_input_elements", "frac_matmul", "frac_movement", "frac_reduce",
+                 "padded", "pad_fraction", "log_library_flops", "log_tvm_flops", "log_kernels")
 
 
 class Ridge:
