@@ -16,7 +16,7 @@ from .store import append_measurements
 # The zoo's models whose shapes vary (the others have one option, static); small enough to
 # compile with every option in well under a minute each.
 COLLECT_MODELS = ("early_exit", "greedy_decoder", "moe", "scan_rnn", "transformer", "cnn_batch",
-                  "token_tagger")
+                  "token_tagger", "prompt_encoder")
 
 
 # Samples per model, as a multiple of the zoo's default count: more distinct shapes to learn from.

@@ -86,6 +86,9 @@ def _registry() -> dict[str, ZooModel]:
         ZooModel("token_tagger", "dynamic",
                  "per-token tagger (embedding, MLP, LayerNorm), sentences of many distinct lengths",
                  bucketed.make_token_tagger, bucketed.token_tagger_samples, 24, ("dynamic-shape",)),
+        ZooModel("prompt_encoder", "dynamic",
+                 "self-attention prompt encoder, four canned prompt lengths and free text",
+                 bucketed.make_prompt_encoder, bucketed.prompt_encoder_samples, 24, ("dynamic-shape",)),
     ]
     for name in light.light_names():
         models.append(ZooModel(
