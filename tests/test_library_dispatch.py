@@ -206,6 +206,25 @@ def test_rewrite_reaches_specializations_fallback_and_if_branches():
     assert "R.nn.conv2d" not in out.script(show_meta=False)
 
 
+def test_erf_and_softmax_become_vectorizable_kernels_before_legalization():
+    # GELU's erf and softmax's exp lower to one libm call per element otherwise (the hottest
+    # functions of the zoo's transformer); prepare() legalizes, so the swap must come first.
+    graph = helper.make_graph(
+        [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Softmax", ["e"], ["y"], axis=-1)],
+        "gelu_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    mod = import_onnx(from_proto(model, "gelu_softmax"))
+    prepared = codegen.LLVMCodegen().prepare(mod, load_target("x86_64"))
+    kernels = [gvar.name_hint for gvar, func in prepared.mod.functions.items()
+               if isinstance(func, tvm.tirx.PrimFunc)]
+    assert any("fast_erf" in name for name in kernels), kernels
+    assert any("fast_softmax" in name for name in kernels), kernels
+    assert not any(name in ("erf", "softmax") for name in kernels), kernels
+    assert "tirx.erf" not in prepared.mod.script(show_meta=False)
+
+
 def test_missing_toolchain_is_a_one_line_error(tmp_path):
     with pytest.raises(ToolchainError, match="C\\+\\+ compiler 'no-such-g\\+\\+' not found"):
         native.dnnl_shim("no-such-g++")

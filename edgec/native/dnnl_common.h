@@ -75,9 +75,12 @@ extern "C" int omp_get_max_threads(void);
 extern "C" void omp_set_num_threads(int);
 
 // Below this many multiply-adds a matmul is built and run on the calling thread only: waking
-// OpenMP's other threads for each small one cost more than it saved (the zoo's transformer,
-// 16x64x64 to 16x128x64: 0.24-0.29 -> 0.18-0.21 ms).
-constexpr int64_t kSerialMacs = int64_t(1) << 18;
+// OpenMP's sleeping threads (OMP_WAIT_POLICY=PASSIVE) for each small one cost more than the
+// second core saved. 2^18 served the zoo's transformer at 16 tokens (0.24-0.29 -> 0.18-0.21 ms)
+// but not at 32-80 tokens (32x64x128 to 80x128x64), whose matmuls then woke the pool every call:
+// 2^21 took 64 tokens from 0.35 to 0.28 ms and 80 from 0.44 to 0.37 ms, as fast as spinning
+// threads (OMP_WAIT_POLICY=ACTIVE) in the same run.
+constexpr int64_t kSerialMacs = int64_t(1) << 21;
 // The same for convolutions, whose kernels do more per multiply-add: below this, waking the
 // sleeping OpenMP threads costs more than the second core saves.
 constexpr int64_t kSerialConvMacs = int64_t(1) << 21;

@@ -38,6 +38,11 @@ _runtime_loaded = False
 _cuda_runtime_loaded = False
 
 
+def _address(array: np.ndarray) -> int:
+    # The data pointer: 5x cheaper than ``array.ctypes.data``, which builds a ctypes object.
+    return array.__array_interface__["data"][0]
+
+
 def aligned(array: np.ndarray) -> np.ndarray:
     """``array`` itself when C-contiguous, writeable (DLPack cannot export read-only memory) and
     64-byte aligned, else an aligned contiguous copy."""
@@ -52,10 +57,10 @@ def aligned(array: np.ndarray) -> np.ndarray:
         # as_strided cannot build ml_dtypes arrays: build unsigned ones and re-type them.
         raw = np.empty(1, f"u{array.itemsize}")
         return np.lib.stride_tricks.as_strided(raw, array.shape, strides).view(array.dtype)
-    if array.flags.c_contiguous and array.flags.writeable and array.ctypes.data % ALIGNMENT == 0:
+    if array.flags.c_contiguous and array.flags.writeable and _address(array) % ALIGNMENT == 0:
         return array
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-buffer.ctypes.data) % ALIGNMENT
+    offset = (-_address(buffer)) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
     copy[...] = array
     return copy
@@ -163,13 +168,16 @@ class Model:
     # GPU 0 and outputs back to host memory around each call).
     device: str = "cpu"
 
+    def __post_init__(self) -> None:
+        self._where = f"inputs to '{Path(self.path).name}'"  # built once: calls are microseconds
+
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the model on ``inputs`` (keyed by input name); return outputs keyed by output name.
 
         Inputs are checked against the manifest first: names, dtypes, ranks, fixed dims, and
         symbolic dims shared between inputs.
         """
-        bind_inputs(self.inputs, inputs, f"inputs to '{Path(self.path).name}'", SamplesError)
+        bind_inputs(self.inputs, inputs, self._where, SamplesError)
         result = self._main(*self.to_device_args(inputs))
         values = _flatten(result)
         if len(values) != len(self.outputs):
@@ -187,15 +195,26 @@ class Model:
     def to_device_args(self, inputs: Mapping[str, np.ndarray]) -> list[Any]:
         """The inputs as ``tvm_ffi`` tensors over aligned memory (copied to the GPU for a CUDA
         library), in the order ``main`` takes them."""
-        host = [
-            dtypes.to_tensor(self._ffi, array) if dtypes.is_extended(array.dtype) else
-            self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
-            for array in (aligned(inputs[spec.name]) for spec in self.inputs)
-        ]
+        host = [self._host_tensor(inputs[spec.name]) for spec in self.inputs]
         if self.device == "cpu":
             return host
         device = self._ffi.device(self.device, 0)
         return [_copy_to(self._ffi, tensor, device) for tensor in host]
+
+
+    def _host_tensor(self, array: np.ndarray) -> Any:
+        """``array`` as a ``tvm_ffi`` tensor over the same memory when TVM's kernels can read it
+        there (C-contiguous, writeable, 64-byte aligned), else over an aligned copy. The common
+        case costs one DLPack import (model calls of tens of microseconds feel every step)."""
+        if array.size and array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative:
+            if not dtypes.is_extended(array.dtype):
+                tensor = self._ffi.from_dlpack(array)
+                if tensor.data_ptr() % ALIGNMENT == 0:
+                    return tensor
+        array = aligned(array)
+        if dtypes.is_extended(array.dtype):
+            return dtypes.to_tensor(self._ffi, array)
+        return self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
 
 
 def _copy_to(tvm_ffi: Any, tensor: Any, device: Any) -> Any:

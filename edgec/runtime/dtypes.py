@@ -21,7 +21,15 @@ NUMPY_NATIVE = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "u
 
 def is_extended(dtype: np.dtype) -> bool:
     """True for the ml_dtypes element types numpy's DLPack export refuses."""
-    return dtype.name not in NUMPY_NATIVE and dtype.names is None and dtype.kind in "Vf"
+    try:
+        return _EXTENDED[dtype]
+    except KeyError:  # once per dtype: numpy builds ``dtype.name`` anew on every access
+        extended = dtype.name not in NUMPY_NATIVE and dtype.names is None and dtype.kind in "Vf"
+        _EXTENDED[dtype] = extended
+        return extended
+
+
+_EXTENDED: dict[np.dtype, bool] = {}
 
 
 def to_tensor(ffi: Any, array: np.ndarray) -> Any:

@@ -78,7 +78,7 @@ def bind_inputs(
         array = arrays[spec.name]
         if not isinstance(array, np.ndarray):
             raise error(f"{where}: input '{spec.name}' is a {type(array).__name__}, not a numpy array")
-        if array.dtype.name != spec.dtype:
+        if array.dtype != spec.dtype:  # not dtype.name, which numpy rebuilds on every access
             raise error(f"{where}: input '{spec.name}' is {array.dtype.name}, the model expects {spec.dtype}")
         if array.ndim != spec.rank:
             raise error(
