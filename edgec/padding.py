@@ -320,6 +320,8 @@ def _check_node(node: onnx.NodeProto, dim: str, carrying, derived: set[str],
 
 
 def _pad_to(array: np.ndarray, axes: list[tuple[int, str]], bucket: Mapping[str, int]) -> np.ndarray:
+    if not axes:
+        return array
     widths = [(0, 0)] * array.ndim
     for axis, dim in axes:
         widths[axis] = (0, int(bucket[dim]) - array.shape[axis])

@@ -197,3 +197,10 @@ def test_sample_check_catches_a_wrong_proof():
     failed = padding.check_on_samples(model, cut_regions(model)[0], model.proto, claimed, samples,
                                       {"seq": 9})
     assert failed and "differs from the unpadded run" in failed
+
+
+def test_inputs_without_padded_axes_are_fed_as_they_are():
+    scalar = np.asarray(True)
+    assert padding._pad_to(scalar, [], {"seq": 9}) is scalar
+    padded = padding._pad_to(np.ones((1, 3), np.int64), [(1, "seq")], {"seq": 5})
+    assert padded.tolist() == [[1, 1, 1, 0, 0]]

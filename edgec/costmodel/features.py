@@ -45,6 +45,7 @@ FEATURE_NAMES = (
     "symbolic_dims", "static", "dispatch", "dispatch_x_inv_bytes", "static_x_log_nodes", "static_x_frac_movement",
     "static_x_log_flops", "target_cores", "target_vector_bits", "padded", "pad_fraction",
     "log_pad_bytes", "log_library_flops", "log_tvm_flops", "log_kernels", "frac_library",
+    "log_tvm_matmul_flops", "static_x_log_tvm_matmul_flops", "static_x_log_tvm_flops",
 )
 
 
@@ -128,7 +129,7 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
     shapes = _shapes_at(_fixed(model, dims))
     by_name = {n.name: n for n in model.proto.graph.node}
     flops = moved = 0.0
-    library_flops = 0.0
+    library_flops = tvm_matmul_flops = 0.0
     library_calls = kernels = 0
     weights = {init.name for init in model.proto.graph.initializer}
     counts = dict.fromkeys(("matmul", "conv", "reduce", "movement", "shape", "elementwise"), 0)
@@ -158,6 +159,8 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
             if len(node.input) > 1 and node.input[1] in weights:
                 library_flops += 2.0 * out_elems * k
                 library_calls += 1
+            else:  # two computed operands (attention): a TVM kernel whose loops are the dims
+                tvm_matmul_flops += 2.0 * out_elems * k
         elif op in _CONV:
             weight = ins[1] if len(ins) > 1 and ins[1] is not None else None
             per_out = _elements(weight[1][1:]) if weight else 1
@@ -221,6 +224,11 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
     feats["log_tvm_flops"] = math.log10(max(flops - library_flops, 0.0) + 1.0)
     feats["log_kernels"] = math.log10(kernels + 1.0)
     feats["frac_library"] = library_calls / max(kernels, 1)
+    # Static shapes pay most in TVM's own kernels, the matmuls of two computed tensors above all
+    # (measured: attention's about 2x); oneDNN calls run alike either way.
+    feats["log_tvm_matmul_flops"] = math.log10(tvm_matmul_flops + 1.0)
+    feats["static_x_log_tvm_matmul_flops"] = feats["static"] * feats["log_tvm_matmul_flops"]
+    feats["static_x_log_tvm_flops"] = feats["static"] * feats["log_tvm_flops"]
     feats["padded"] = 1.0 if padded else 0.0
     feats["pad_fraction"] = fraction
     feats["log_pad_bytes"] = math.log10(copied + 1.0)

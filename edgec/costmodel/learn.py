@@ -19,7 +19,8 @@ LEARNERS = ("ridge", "ridge-core", "gbdt", "roofline")
 CORE_FEATURES = ("log_flops", "log_bytes", "log_nodes", "static", "dispatch", "dispatch_x_inv_bytes",
                  "log_trips", "log_sub_nodes",
                  "control_flow", "log_input_elements", "frac_matmul", "frac_movement", "frac_reduce",
-                 "padded", "pad_fraction", "log_library_flops", "log_tvm_flops", "log_kernels")
+                 "padded", "pad_fraction", "log_library_flops", "log_tvm_flops", "log_kernels",
+                 "static_x_log_tvm_matmul_flops", "static_x_log_tvm_flops")
 
 
 class Ridge:
