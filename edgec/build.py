@@ -154,6 +154,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "native_dependencies": library.native_dependencies,
             "tuning": library.tuning,
             "tvm_kernels_parallel": library.tvm_kernels_parallel,
+            "vm_exec_mode": library.vm_exec_mode,
+            "linked_functions": library.linked_functions,
         }
     if rewrite is not None:
         quantization.mark_not_compiled(rewritten)

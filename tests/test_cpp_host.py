@@ -280,6 +280,17 @@ def test_library_that_fails_to_load_is_named(host, artifact, tmp_path):
     assert stderr.startswith(f"edgec_run: error: cannot load the 'x86_64' library of '{bad}': ")
 
 
+def test_linked_function_missing_from_the_library_is_named(host, artifact, tmp_path):
+    # The library's compiled VM code calls the functions the manifest lists: both runtimes bind
+    # them at load, and refuse a library that lacks one, in the same words.
+    bad = _rewrite(artifact("cnn")[0], tmp_path / "bad.edgec", _manifest_edit(
+        lambda m: m["libraries"]["x86_64"]["linked_functions"].append("edgec_no_such_kernel")))
+    with pytest.raises(ArtifactError, match="calls 'edgec_no_such_kernel', which its library does "
+                                            "not contain") as python_error:
+        runtime.load(bad)
+    assert host_error(host, [str(bad)]) == (7, f"edgec_run: error: {python_error.value}")
+
+
 def test_not_a_zip_and_corrupt_data_refused(host, artifact, tmp_path):
     bad = tmp_path / "bad.edgec"
     bad.write_bytes(b"PK\x03\x04 not really a zip" * 10)

@@ -117,3 +117,25 @@ def test_serial_tvm_kernels_get_a_one_thread_tvm_pool(mlp_artifact):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
                          env=env)
     assert out.stdout.split() == ["False", "1", "2"]
+
+
+def test_compiled_vm_code_finds_linked_functions_without_leaking_them(mlp_artifact):
+    # The MLP's matmuls are oneDNN shim calls, which the library's compiled VM code can only find
+    # through the binding at load: it must not stay in TVM's global registry (no other library
+    # may pick it up), and each model must keep working when another one is freed.
+    script = textwrap.dedent(f"""
+        import gc, numpy as np
+        import edgec.runtime as rt
+        first, second = rt.load({str(mlp_artifact)!r}), rt.load({str(mlp_artifact)!r})
+        entry = first.manifest["libraries"][first.target]
+        x = np.ones((2, 3, 16), np.float32)
+        expected = first.run({{"x": x}})["y"]
+        del first
+        gc.collect()
+        got = second.run({{"x": x}})["y"]
+        import tvm_ffi
+        print(entry["vm_exec_mode"], entry["linked_functions"], np.array_equal(got, expected),
+              tvm_ffi.get_global_func("edgec_dnnl_dense", allow_missing=True))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "compiled ['edgec_dnnl_dense'] True None"

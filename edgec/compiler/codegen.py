@@ -50,6 +50,45 @@ class CompiledLibrary:
     # runtimes then start TVM's thread pool with one thread, which only TOPI's built-in parallel
     # loops (scatter_nd...) would wake on every call, for no gain (moe: 0.16 -> 0.11 ms).
     tvm_kernels_parallel: bool = True
+    # How the VM runs the Relax functions: "bytecode" (interpreted) or "compiled" (native code),
+    # and, for compiled ones, the functions linked into the library that the runtime must bind
+    # (see ``linked_functions``).
+    vm_exec_mode: str = "bytecode"
+    linked_functions: list[str] = field(default_factory=list)
+
+
+# Relax functions as native code instead of VM bytecode: no instruction decoding around each
+# builtin call. Same outputs; per call, on this machine: scan_rnn 0.150 -> 0.106 ms,
+# greedy_decoder 0.142 -> 0.112, moe 0.089 -> 0.064 (without Python), transformer and early_exit
+# within 3%. Only edgec's runtimes bind the functions such code needs (``linked_functions``):
+# targets run through TVM's own RPC server keep bytecode.
+VM_EXEC_MODE = "compiled"
+LINKED_PREFIX = "edgec_"
+
+
+def vm_exec_mode(target: Target) -> str:
+    """How ``target``'s library runs its Relax functions (see ``VM_EXEC_MODE``)."""
+    return "bytecode" if target.run.get("mode", "local") == "rpc" else VM_EXEC_MODE
+
+
+def linked_functions(mod: tvm.IRModule) -> list[str]:
+    """The functions edgec links into the model library (its shims: oneDNN, NonZero...) that
+    ``mod``'s Relax functions call.
+
+    Compiled VM code looks such a function up among the library's imports and TVM's global
+    registry, never among the library's own symbols, so the runtimes bind each one into the
+    library when they load it (``edgec.runtime``, ``edgec.cc``), and need the list.
+    """
+    names: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.ExternFunc) and expr.global_symbol.startswith(LINKED_PREFIX):
+            names.add(str(expr.global_symbol))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -127,7 +166,8 @@ class LLVMCodegen:
         try:
             pipeline = cpu_pipeline(tvm_target, parallel=prepared.parallel,
                                     database=database, applied=applied)
-            executable = tvm.compile(prepared.mod, tvm_target, relax_pipeline=pipeline)
+            executable = relax.build(prepared.mod, tvm_target, relax_pipeline=pipeline,
+                                     exec_mode=vm_exec_mode(target))
         except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
             raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
         tuning = {"database": None, "records": 0, "kernels": applied.kernels, "tuned_kernels": 0}
@@ -148,7 +188,9 @@ class LLVMCodegen:
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
             dependencies = [lib for addon in addons for lib in addon.runtime_libraries]
             return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies,
-                                   tuning=tuning, tvm_kernels_parallel=prepared.parallel)
+                                   tuning=tuning, tvm_kernels_parallel=prepared.parallel,
+                                   vm_exec_mode=vm_exec_mode(target),
+                                   linked_functions=linked_functions(prepared.mod))
 
 
 def _debian_cross_package(compiler: str) -> str:

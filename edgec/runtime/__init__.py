@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
 from . import dtypes
 from .artifact import Artifact
+from .linked import bind_linked_functions
 from .signature import TensorSpec, bind_inputs
 
 __all__ = ["Model", "load", "host_arch", "TensorSpec"]
@@ -415,6 +416,10 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
             module = tvm_ffi.load_module(str(lib_path))
         except Exception as exc:  # the loader reports dlopen failures with its own types
             raise ArtifactError(f"cannot load the '{chosen}' library of '{path}': {describe(exc)}") from None
+        if manifest["libraries"][chosen].get("vm_exec_mode") == "compiled":
+            bind_linked_functions(tvm_ffi, str(lib_path),
+                                  list(manifest["libraries"][chosen].get("linked_functions", [])),
+                                  f"artifact '{path}'")
     vm = module["vm_load_executable"]()
     if device == "cuda":  # kernels on GPU 0; the VM's shape computations need the CPU too
         vm["vm_initialization"](_KDL_CUDA, 0, _POOLED_ALLOCATOR, _KDL_CPU, 0, _POOLED_ALLOCATOR)

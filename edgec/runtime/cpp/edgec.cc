@@ -16,7 +16,9 @@
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -1040,6 +1043,14 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
       if (auto parallel = entry->Get("tvm_kernels_parallel")) {
         if (auto flag = parallel->try_cast<bool>()) info.tvm_kernels_parallel = *flag;
       }
+      info.vm_exec_mode = GetString(*entry, "vm_exec_mode", "bytecode");
+      if (auto linked = entry->Get("linked_functions")) {
+        if (auto list = linked->try_cast<JsonArray>()) {
+          for (const ffi::Any& name : *list) {
+            if (auto text = name.try_cast<ffi::String>()) info.linked_functions.push_back(*text);
+          }
+        }
+      }
       if (auto features = entry->Get("cpu_features")) {
         if (auto list = features->try_cast<JsonArray>()) {
           for (const ffi::Any& feature : *list) {
@@ -1117,6 +1128,55 @@ std::string Artifact::SelectTarget(const std::string& target) const {
                                         "; rebuild with a target for " + arch);
 }
 
+// A library built with vm_exec_mode "compiled" runs its Relax functions as native code, which
+// finds the functions edgec links into it (oneDNN shim, NonZero...) only among the library
+// module's imports or in the global registry, and caches them in the module. Each is registered
+// just long enough for the library to look it up, then the registry is restored; the function
+// wraps the symbol without a reference to the library (no cycle through its own cache).
+// The Python runtime does the same (edgec/runtime/linked.py).
+void BindLinkedFunctions(const std::string& lib_path, const LibraryInfo& library,
+                         const std::string& where) {
+  if (library.vm_exec_mode != "compiled" || library.linked_functions.empty()) return;
+  // Another reference to the copy just loaded, not a second copy.
+  void* handle = dlopen(lib_path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (!handle) {
+    throw Error(ErrorKind::kArtifact, "the library of " + Quote(where) + " is not loaded");
+  }
+  struct Closer {
+    void* handle;
+    ~Closer() { dlclose(handle); }
+  } closer{handle};
+  void** context = reinterpret_cast<void**>(dlsym(handle, "__tvm_ffi__library_ctx"));
+  if (!context || !*context) {
+    throw Error(ErrorKind::kArtifact, "the library of " + Quote(where) +
+                                          " has no module context; rebuild the artifact");
+  }
+  static std::mutex mutex;
+  for (const std::string& name : library.linked_functions) {
+    auto call = reinterpret_cast<TVMFFISafeCallType>(dlsym(handle, ("__tvm_ffi_" + name).c_str()));
+    if (!call) {
+      throw Error(ErrorKind::kArtifact, "artifact " + Quote(where) + " calls " + Quote(name) +
+                                            ", which its library does not contain; rebuild the "
+                                            "artifact with this edgec");
+    }
+    ffi::Function function = ffi::Function::FromExternC(nullptr, call, nullptr);
+    std::lock_guard<std::mutex> lock(mutex);
+    std::optional<ffi::Function> previous = ffi::Function::GetGlobal(name);
+    ffi::Function::SetGlobal(name, function, true);
+    TVMFFIObjectHandle found = nullptr;
+    int status = TVMFFIEnvModLookupFromImports(*context, name.c_str(), &found);
+    if (previous) {
+      ffi::Function::SetGlobal(name, *previous, true);
+    } else {
+      ffi::Function::RemoveGlobal(name);
+    }
+    if (status != 0) {
+      throw Error(ErrorKind::kArtifact, "binding " + Quote(name) + " into the library of " +
+                                            Quote(where) + " failed; rebuild the artifact");
+    }
+  }
+}
+
 Model Model::Load(const std::string& path, const std::string& target, int threads) {
   return Load(Artifact::Open(path), target, threads);
 }
@@ -1129,10 +1189,11 @@ Model Model::Load(const Artifact& artifact, const std::string& target, int threa
   model.outputs_ = artifact.outputs();
   // The VM's thread pool reads this once, when it starts; it otherwise runs one thread. A
   // library whose TVM kernels are serial gets one (same rule as the Python runtime).
-  bool parallel = true;
+  const LibraryInfo* library = nullptr;
   for (const LibraryInfo& info : artifact.libraries()) {
-    if (info.target == model.target_) parallel = info.tvm_kernels_parallel;
+    if (info.target == model.target_) library = &info;
   }
+  bool parallel = library->tvm_kernels_parallel;
   setenv("TVM_NUM_THREADS",
          std::to_string(!parallel ? 1 : threads > 0 ? threads : DefaultThreads()).c_str(), 0);
   // oneDNN's OpenMP threads (libgomp reads these when the model library loads it): as many as
@@ -1165,6 +1226,10 @@ Model Model::Load(const Artifact& artifact, const std::string& target, int threa
       if (!out) throw std::runtime_error("cannot write " + lib_path);
     }
     model.library_ = ffi::Module::LoadFromFile(lib_path);
+    BindLinkedFunctions(lib_path, *library, model.where_);
+  } catch (const Error&) {
+    cleanup();
+    throw;
   } catch (const std::exception& exc) {
     cleanup();
     throw Error(ErrorKind::kArtifact, "cannot load the " + Quote(model.target_) + " library of " +

@@ -78,6 +78,9 @@ struct LibraryInfo {
   std::string arch;
   std::string device;
   bool tvm_kernels_parallel = true;  // false: TVM's kernels are serial, its pool gets one thread
+  // "compiled": the VM runs native code, which needs linked_functions bound at load.
+  std::string vm_exec_mode = "bytecode";
+  std::vector<std::string> linked_functions;
   std::vector<std::string> cpu_features;  // as /proc/cpuinfo names them; checked before loading
 };
 
