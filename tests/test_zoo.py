@@ -428,3 +428,21 @@ def test_digits_int8_static_keeps_held_out_accuracy_within_a_point(tmp_path):
     assert quant.active
     assert accuracies["fp32"] >= 0.97
     assert abs(accuracies["fp32"] - accuracies["int8"]) <= 0.01
+
+
+@pytest.mark.parametrize("name, low, high", [("cnn_batch", 1, 16), ("token_tagger", 4, 64),
+                                             ("prompt_encoder", 4, 96)])
+def test_bucketed_models_see_many_shapes(name, low, high):
+    # As collect samples them (twice the default count): many distinct sizes of the dynamic dim.
+    samples = _samples(name, zoo.get(name).default_samples * 2)
+    sizes = [next(iter(s.values())).shape[0 if name == "cnn_batch" else 1] for s in samples]
+    assert all(low <= n <= high for n in sizes) and len(set(sizes)) >= 6
+    shares = sorted((sizes.count(n) / len(sizes) for n in set(sizes)), reverse=True)
+    if name == "token_tagger":
+        assert shares[0] < 0.1  # no length reaches specialize-seen's 10%
+    if name == "cnn_batch":
+        assert shares[0] < 0.4
+    if name == "prompt_encoder":
+        from edgec.zoo import bucketed
+
+        assert set(bucketed.PROMPT_TEMPLATES) <= set(sizes)
