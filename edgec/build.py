@@ -28,6 +28,8 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     if region.mode == "static":
         return [{"name": "main", "kind": "static"}]
     functions = [{"name": "main", "kind": "dispatch" if region.specializations else "symbolic"}]
+    if region.padding.get("used") and region.specializations:
+        functions[0]["pads"] = list(region.padding["dims"])
     functions += [
         {"name": f"spec_{i}", "kind": "specialized", "dims": s["dims"], "share": s["share"]}
         for i, s in enumerate(region.specializations)

@@ -128,6 +128,8 @@ def test_plan_pads_where_proved_and_outputs_match_onnxruntime_on_unseen_shapes()
     assert "padded to buckets" in explained and "proved safe" in explained
 
     artifact = build(model, the_plan, [TARGET])
+    main = artifact.manifest["libraries"][TARGET.name]["functions"][0]
+    assert main["name"] == "main" and main["pads"] == ["seq"]
     reference = reference_session(model.proto)
     unseen = [n for n in range(3, lengths[-1] + 1) if n not in lengths][:4] + [lengths[-1] + 5]
     with tempfile.TemporaryDirectory() as tmp:

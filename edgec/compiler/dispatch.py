@@ -238,7 +238,10 @@ def region_functions(regions) -> list[dict]:
     functions = []
     for region in regions:
         kind = {"static": "static", "symbolic": "symbolic"}.get(region.mode, "dispatch")
-        functions.append({"name": region.name, "kind": kind, "region": region.name})
+        entry = {"name": region.name, "kind": kind, "region": region.name}
+        if region.padding.get("used") and region.specializations:
+            entry["pads"] = list(region.padding["dims"])
+        functions.append(entry)
         for i, spec in enumerate(region.specializations):
             functions.append({"name": f"{region.name}__spec_{i}", "kind": "specialized",
                               "region": region.name, "dims": spec["dims"], "share": spec["share"]})
