@@ -8,8 +8,10 @@ position of the inputs only, so the real positions never read a padded one.
 The proof (:func:`prove`) is a dataflow analysis over the region's ONNX graph:
 
 1. **Which axes carry D.** ONNX shape inference (with data propagation) types every value twice,
-   with ``D`` at two different sizes and every other dim fixed. An axis whose size differs between
-   the two runs carries ``D``; any value without a full type at either size refuses the proof.
+   with ``D`` at two different sizes and every other dim fixed; a value it leaves untyped is typed
+   by running the region in onnxruntime on zero inputs of those shapes. An axis whose size differs
+   between the two runs carries ``D``; any value without a full type at either size refuses the
+   proof.
 2. **Values computed from D's size** (``Shape``/``Size`` of a padded tensor, and anything computed
    from them) are tracked. They may steer shapes (``Reshape``/``Expand``/``Range``/``Slice``
    arguments, small-integer shape arithmetic), and shape changes are covered by rule 3; used as
@@ -113,7 +115,38 @@ def _typed(proto: onnx.ModelProto, dims: Mapping[str, int]) -> tuple[dict[str, l
     for init in proto.graph.initializer:
         shapes[init.name] = list(init.dims)
         elems[init.name] = init.data_type
+    untyped = [out for node in proto.graph.node for out in node.output
+               if out and (None in shapes.get(out, [None]) or not elems.get(out))]
+    if untyped:
+        _run_shapes(proto, untyped, shapes, elems)
     return shapes, elems
+
+
+def _run_shapes(proto: onnx.ModelProto, names: list[str], shapes: dict, elems: dict) -> None:
+    """Type ``names`` by running ``proto`` in onnxruntime on zero inputs at the probe shapes
+    (ONNX inference leaves a value untyped where its shape comes from a computed tensor, such as a
+    ``Slice`` of positions up to a length read from a shape). Values it cannot run stay untyped."""
+    from .reference import reference_session
+
+    feed = {}
+    for value in proto.graph.input:
+        ttype = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in ttype.shape.dim]
+        if None in dims:
+            return
+        feed[value.name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(ttype.elem_type))
+    extended = onnx.ModelProto.FromString(proto.SerializeToString())
+    known = {o.name for o in extended.graph.output}
+    extended.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in known)
+    try:
+        values = reference_session(extended, threads=1).run(feed)
+    except Exception:  # any failure leaves the values untyped, which refuses the proof
+        return
+    for name in names:
+        if name in values:
+            array = np.asarray(values[name])
+            shapes[name] = list(array.shape)
+            elems[name] = helper.np_dtype_to_tensor_dtype(array.dtype)
 
 
 def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:

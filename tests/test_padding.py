@@ -46,6 +46,20 @@ def test_zoo_models_pad_along_their_dynamic_dim():
     assert proof.inputs == {"input_ids": [1]} and proof.outputs == {"tag_logits": [1]}
 
 
+def test_transformer_pads_batch_but_not_seq():
+    # Its position ids are a Slice up to a length read from the input's shape: ONNX inference
+    # leaves them untyped, onnxruntime types them. Nothing mixes across the batch; the attention
+    # softmax mixes tokens.
+    from edgec.zoo import dynamic
+
+    model = dynamic.make_transformer(0)
+    batch = padding.prove(model, "batch", {"seq": 16}, 1, 4)
+    assert batch.safe, batch.reason
+    assert batch.inputs == {"input_ids": [0], "attention_mask": [0]} and batch.outputs == {"hidden": [0]}
+    seq = padding.prove(model, "seq", {"batch": 1}, 8, 16)
+    assert not seq.safe and "(Softmax) works along an axis carrying seq" in seq.reason
+
+
 @pytest.mark.parametrize("nodes, initializers, refusal", [
     ([helper.make_node("Softmax", ["x"], ["y"], name="attn", axis=1)], [], "'attn' (Softmax) works"),
     ([helper.make_node("ReduceMean", ["x"], ["y"], name="pool", axes=[1])], [], "'pool' (ReduceMean) reduces"),
