@@ -212,6 +212,41 @@ def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     assert result["outputs"]["logits"]["top1_agreement"] >= 0.9
 
 
+def _library_symbols_and_sections(artifact, tmp_path) -> tuple[set[str], set[str]]:
+    """The dynamic symbols and the section names of an artifact's library."""
+    import subprocess
+
+    path = tmp_path / "lib.so"
+    path.write_bytes(artifact.files[f"lib/{TARGET}.so"])
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    sections = subprocess.run(["readelf", "-W", "-S", str(path)], capture_output=True,
+                              text=True, check=True).stdout
+    return set(symbols), {line.split("]")[1].split()[0] for line in sections.splitlines()
+                          if "]" in line and line.split("]")[1].split()}
+
+
+def test_int8_library_links_only_the_code_it_calls(tmp_path):
+    """A program whose every dense layer is int8 links the int8 dense kernels only: not the fp32
+    shim it no longer calls, not the convolution kernels, no debug information; and the library
+    still needs oneDNN at run time."""
+    model, target, prof, the_plan = _setup(embed_mlp(), embed_samples(4, 0))
+    quant = quantize(model, prof, target, QuantizeSettings("int8-weight", 0.5), embed_samples(2, 1))
+    artifact = build(model, the_plan, [target], quantization=quant)
+    symbols, sections = _library_symbols_and_sections(artifact, tmp_path)
+    assert "__tvm_ffi_edgec_q8_dense_w8" in symbols
+    assert not [s for s in symbols if "edgec_dnnl_" in s or "conv2d" in s]
+    assert not [s for s in sections if s.startswith(".debug")]
+    assert artifact.manifest["libraries"][TARGET]["native_dependencies"] == ["libdnnl.so.2"]
+    # With one layer kept fp32 the shim stays: its call remains.
+    for layer in quant.layers:
+        if layer["name"] == "fc2":
+            layer["precision"], layer["activation"] = "fp32", None
+    symbols, _ = _library_symbols_and_sections(
+        build(model, the_plan, [target], quantization=quant), tmp_path)
+    assert "__tvm_ffi_edgec_dnnl_dense" in symbols and "__tvm_ffi_edgec_q8_dense_w8" in symbols
+
+
 @pytest.mark.slow
 def test_int8_weights_shrink_the_library():
     proto = embed_mlp(vocab=16384, dim=64)  # a 4 MB table: its int8 copy saves 3 MB

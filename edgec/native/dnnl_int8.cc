@@ -1,5 +1,7 @@
 // oneDNN kernels for quantized layers of edgec model libraries (edgec/quantize/kernels.py writes
-// the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x).
+// the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x). Compiled
+// once per part, -DEDGEC_Q8_DENSE and -DEDGEC_Q8_CONV, so that a library links only the part
+// its program calls (each part's exported wrappers alone are 10-40 KB of code).
 //
 // Weights arrive as int8 with one float scale per output channel (symmetric, zero point 0):
 //
@@ -177,7 +179,9 @@ int64_t FloatBits(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dense
+// Dense (compiled with EDGEC_Q8_DENSE: a library links only the parts its program calls)
+
+#ifdef EDGEC_Q8_DENSE
 
 struct DenseEntry {
   dnnl::matmul::primitive_desc pd;
@@ -304,8 +308,12 @@ void DenseI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias,
   }
 }
 
+#endif  // EDGEC_Q8_DENSE
+
 // ---------------------------------------------------------------------------------------------
-// Convolution
+// Convolution (compiled with EDGEC_Q8_CONV)
+
+#ifdef EDGEC_Q8_CONV
 
 struct ConvEntry {
   dnnl::convolution_forward::primitive_desc pd;
@@ -464,9 +472,15 @@ void Conv2dI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias
   }
 }
 
+#endif  // EDGEC_Q8_CONV
+
 }  // namespace
 
+#ifdef EDGEC_Q8_DENSE
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_w8, DenseW8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_i8, DenseI8);
+#endif
+#ifdef EDGEC_Q8_CONV
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_w8, Conv2dW8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_i8, Conv2dI8);
+#endif
