@@ -201,6 +201,24 @@ def test_compiled_mode_is_close_to_fp32_and_matches_its_simulation(mode, min_cos
     assert agreement["outputs"]["hidden"]["min_cosine"] >= 0.99999
 
 
+def test_simulation_runs_on_opset_9_graphs(tmp_path):
+    """QuantizeLinear needs opset 10 and DynamicQuantizeLinear 11; the simulation's elementary
+    ops work on the zoo's opset-9 CNNs too, and agree with the compiled kernels."""
+    proto = small_cnn()
+    proto.opset_import[0].version = 9
+    model, target, prof, the_plan = _setup(proto, cnn_samples(6, 0))
+    held_out = cnn_samples(3, 1)
+    for mode in ("int8-static", "int8-dynamic"):
+        quant = quantize(model, prof, target, QuantizeSettings(mode, 1.0), held_out)
+        assert quant.accuracy["simulated"]["drop"] < 0.05
+    assert [l["precision"] for l in quant.layers] == ["int8-weight"] * 2 + ["int8-dynamic"]
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    simulated = simulate.run(simulate.simulated_model(
+        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
+        {}, "asymmetric"), [s.arrays for s in held_out])
+    assert accuracy.compare(simulated, outputs)["outputs"]["logits"]["min_cosine"] >= 0.99999
+
+
 def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
     held_out = cnn_samples(4, 1)
