@@ -37,6 +37,10 @@
 
 #include "dnnl_common.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kRelu = 1;  // shared with library_dispatch.py's FLAG_RELU
@@ -85,6 +89,12 @@ void* Scratch(int slot, size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
 }
 
+// The per-call loops around an int8 matmul, in SSE2 on x86-64 (every x86-64 CPU has it; the
+// shim is built for the baseline ISA): at -O2 GCC vectorizes neither a float min/max reduction
+// nor a clamp-and-narrow loop, and generic vector types came out as scalar code with stack
+// spills. Scalar, those loops made int8-static 1.15x and int8-dynamic 1.35x fp32 on the zoo
+// transformer (perf: Params, Quantize and the epilogue were 14% of int8-dynamic's time).
+
 // Activation quantization parameters: the calibrated ones, or (scale <= 0) this tensor's range,
 // widened to hold 0 so that zero (padding) is exact.
 void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* scale,
@@ -95,7 +105,24 @@ void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* 
     return;
   }
   float lo = 0.f, hi = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  __m128 lo_v[4], hi_v[4];  // four chains, so the loop is not one long dependency
+  for (int j = 0; j < 4; ++j) lo_v[j] = hi_v[j] = _mm_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      __m128 v = _mm_loadu_ps(x + i + 4 * j);
+      lo_v[j] = _mm_min_ps(lo_v[j], v);
+      hi_v[j] = _mm_max_ps(hi_v[j], v);
+    }
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, _mm_min_ps(_mm_min_ps(lo_v[0], lo_v[1]), _mm_min_ps(lo_v[2], lo_v[3])));
+  for (float v : lanes) lo = std::min(lo, v);
+  _mm_storeu_ps(lanes, _mm_max_ps(_mm_max_ps(hi_v[0], hi_v[1]), _mm_max_ps(hi_v[2], hi_v[3])));
+  for (float v : lanes) hi = std::max(hi, v);
+#endif
+  for (; i < n; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
@@ -108,11 +135,44 @@ void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* 
 void Quantize(const float* x, int64_t n, float scale, int32_t zero, uint8_t* q) {
   const float inv = 1.f / scale;
   const float z = static_cast<float>(zero);
-  // Round half up by truncation after clamping (no libm call, so the loop vectorizes).
-  for (int64_t i = 0; i < n; ++i) {
+  // Round half up by truncation after clamping (no libm call).
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 inv_v = _mm_set1_ps(inv), z_v = _mm_set1_ps(z), half = _mm_set1_ps(0.5f);
+  const __m128 low = _mm_setzero_ps(), high = _mm_set1_ps(255.f);
+  auto lanes = [&](const float* p) {
+    __m128 v = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(p), inv_v), z_v), half);
+    return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(v, low), high));
+  };
+  for (; i + 16 <= n; i += 16) {
+    __m128i lo = _mm_packs_epi32(lanes(x + i), lanes(x + i + 4));
+    __m128i hi = _mm_packs_epi32(lanes(x + i + 8), lanes(x + i + 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(lo, hi));
+  }
+#endif
+  for (; i < n; ++i) {
     float v = x[i] * inv + z + 0.5f;
     v = v < 0.f ? 0.f : (v > 255.f ? 255.f : v);
     q[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+  }
+}
+
+// out[i, j] = out[i, j] * x_scale + b[j], then relu if asked: a dynamic layer's epilogue.
+void ScaleBiasRelu(float* out, int64_t m, int64_t n, float x_scale, const float* b, bool relu) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = out + i * n;
+    int64_t j = 0;
+#if defined(__SSE2__)
+    const __m128 s_v = _mm_set1_ps(x_scale), zero_v = _mm_setzero_ps();
+    for (; j + 4 <= n; j += 4) {
+      __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(row + j), s_v), _mm_loadu_ps(b + j));
+      _mm_storeu_ps(row + j, relu ? _mm_max_ps(v, zero_v) : v);
+    }
+#endif
+    for (; j < n; ++j) {
+      float v = row[j] * x_scale + b[j];
+      row[j] = relu && v < 0.f ? 0.f : v;
+    }
   }
 }
 
@@ -183,6 +243,25 @@ int64_t FloatBits(float v) {
 
 #ifdef EDGEC_Q8_DENSE
 
+// Below this many multiply-adds an int8 matmul takes oneDNN's AVX512-VNNI kernel, not its AMX
+// one: on the zoo transformer (16x64x64 to 32x128x64) AMX made int8-static 1.08x slower than
+// fp32 and VNNI 1.01x, the same run; a process whose threads use AMX tiles also pays to save
+// and restore their state, which slowed its fp32 kernels too. Convolutions keep AMX (squeezenet:
+// int8-static 0.70x fp32 with it, 0.79x without).
+constexpr int64_t kAmxMinMacs = int64_t(1) << 22;
+
+// The next implementation of `pd` that does not use AMX, if there is one.
+template <typename PrimitiveDesc>
+void SkipAmx(PrimitiveDesc* pd) {
+  PrimitiveDesc first = *pd;
+  while (std::string(pd->impl_info_str()).find("amx") != std::string::npos) {
+    if (!pd->next_impl()) {
+      *pd = first;
+      return;
+    }
+  }
+}
+
 struct DenseEntry {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
@@ -246,6 +325,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
                              memory::desc({1, n}, dt::f32, tag::ab),
                              memory::desc({m, n}, dt::f32, tag::ab));
     entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
+    if (int8 && m * k * n < kAmxMinMacs) SkipAmx(&entry->pd);
     entry->primitive = dnnl::matmul(entry->pd);
     return entry;
   });
@@ -278,16 +358,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   }
   entry->primitive.execute(Stream(), args);
   Stream().wait();
-  if (dynamic) {
-    const bool relu = flags & kRelu;
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = out + i * n;
-      for (int64_t j = 0; j < n; ++j) {
-        float v = row[j] * x_scale + b[j];
-        row[j] = relu && v < 0.f ? 0.f : v;
-      }
-    }
-  }
+  if (dynamic) ScaleBiasRelu(out, m, n, x_scale, b, flags & kRelu);
 }
 
 void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t flags,
