@@ -150,6 +150,56 @@ def test_activation_params_from_profiled_ranges():
     assert np.abs(schemes.fake_quantize(x, clipped) - x).max() <= clipped.scale / 2 + 1e-6
 
 
+def test_entropy_threshold_clips_outliers_but_not_a_uniform_range():
+    rng = np.random.default_rng(0)
+    bulk = np.abs(rng.standard_normal(100_000))
+    for outlier, levels in ((100.0, 127), (8.0, 127), (30.0, 255)):
+        x = np.append(bulk, outlier)
+        counts = np.histogram(x, 1024, (0, x.max()))[0]
+        threshold = schemes.entropy_threshold(counts, float(x.max()), levels)
+        # At most `levels` bins' worth of range below the outlier; never past the bulk's tail.
+        assert 3.0 < threshold <= max(outlier * levels / 1024 + 1e-9, bulk.max() + 0.02)
+    uniform = np.abs(rng.uniform(-1, 1, 100_000))
+    counts = np.histogram(uniform, 1024, (0, uniform.max()))[0]
+    assert schemes.entropy_threshold(counts, float(uniform.max()), 127) == pytest.approx(1.0, abs=0.01)
+
+
+def outlier_matmul() -> onnx.ModelProto:
+    """x[1, 16, 64] -> MatMul -> y[1, 16, 32]."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32) / 8
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])],
+        [numpy_helper.from_array(w, "w")])
+    return _model(graph)
+
+
+def test_entropy_calibration_survives_an_outlier_that_ruins_minmax():
+    """One calibration value 50x the rest: min/max spreads the 256 levels over it (drop 0.027
+    when measured); entropy and percentile clip it (both near 0.0006)."""
+    rng = np.random.default_rng(0)
+    calibration = [rng.standard_normal((1, 16, 64)).astype(np.float32) for _ in range(12)]
+    calibration[5][0, 3, 7] = 200.0
+    held_out = [Sample(f"h{i}", {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)})
+                for i in range(6)]
+    model, target, prof, _ = _setup(outlier_matmul(), [Sample(f"s{i}", {"x": a})
+                                                        for i, a in enumerate(calibration)])
+    drops, ranges = {}, {}
+    for calibration_method in ("minmax", "percentile", "entropy"):
+        quant = quantize(model, prof, target,
+                         QuantizeSettings("int8-static", 1.0, calibration_method), held_out)
+        drops[calibration_method] = quant.accuracy["simulated"]["drop"]
+        ranges[calibration_method] = quant.layers[0]["activation"]["scale"] * 255
+    assert ranges["minmax"] > 200 and ranges["entropy"] < 40
+    assert drops["entropy"] < drops["minmax"] / 10
+    assert drops["entropy"] < 2 * drops["percentile"] + 1e-4
+    # A profile without histograms (an older edgec's) is refused in one line.
+    del prof.ranges["x"]["abs_hist"]
+    with pytest.raises(CompileError, match="edgec profile"):
+        quantize(model, prof, target, QuantizeSettings("int8-static", 1.0, "entropy"), held_out)
+
+
 def test_find_layers_names_kinds_and_channel_axes():
     layers = {layer.name: layer for layer in find_layers(embed_mlp())}
     assert {n: layer.kind for n, layer in layers.items()} == {
