@@ -368,6 +368,8 @@ def _echo_quantization(quant) -> None:
         if result:
             click.echo(f"  {which} on {result['samples']} held-out samples: drop "
                        f"{result['drop']:.4g} (budget {quant.settings.max_accuracy_drop:g})")
+    if quant.accuracy.get("not_measured"):
+        click.echo("  not measured: " + quant.accuracy["not_measured"])
     if quant.fp32_layers():
         click.echo("  kept fp32: " + ", ".join(quant.fp32_layers()))
 

@@ -401,6 +401,53 @@ def test_refusals():
     assert not none.active and none.layers == []
 
 
+def wide_mlp(width: int = 256) -> onnx.ModelProto:
+    """x[2, width] -> Gemm+Relu -> Gemm -> y[2, 8]: 260 KB of fp32 weights."""
+    rng = np.random.default_rng(2)
+    inits = {"w1": rng.standard_normal((width, width)) / 16, "b1": rng.standard_normal(width) * 0.1,
+             "w2": rng.standard_normal((width, 8)) / 16, "b2": rng.standard_normal(8) * 0.1}
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2")],
+        "wide_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return _model(graph)
+
+
+def test_fp16_builds_cuda_programs_in_half_precision():
+    """fp16 on a CUDA target: the library holds the weights in half the bytes, the manifest
+    records it (and, on a machine without a GPU, why the artifact was not measured); a CPU
+    target is refused in one line."""
+    from edgec.compiler.codegen_cuda import find_nvcc
+
+    try:
+        find_nvcc()
+    except EdgecError as exc:
+        pytest.skip(str(exc))
+    rng = np.random.default_rng(3)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((2, 256)).astype(np.float32)})
+               for i in range(6)]
+    model, _, prof, the_plan = _setup(wide_mlp(), samples)
+    gpu = load_target("cuda-sm89")
+    quant = quantize(model, prof, gpu, QuantizeSettings("fp16", 0.01), samples[:3])
+    assert [(l["name"], l["precision"]) for l in quant.layers] == [("fc1", "fp16"), ("fc2", "fp16")]
+    assert quant.accuracy["simulated"]["drop"] < 1e-4
+    fp32 = build(model, the_plan, [gpu])
+    fp16 = build_guarded(model, the_plan, [gpu], quant, samples[:3])
+    saved = fp32.manifest["libraries"]["cuda-sm89"]["bytes"] - fp16.manifest["libraries"]["cuda-sm89"]["bytes"]
+    assert saved > 100_000  # 260 KB of fp32 weights stored as fp16
+    recorded = fp16.manifest["quantization"]
+    assert recorded["mode"] == "fp16" and recorded["fp32_layers"] == []
+    if recorded["accuracy"]["measured"] is None:
+        assert "GPU" in recorded["accuracy"]["not_measured"]
+    else:
+        assert recorded["accuracy"]["measured"]["drop"] <= 0.01
+    with pytest.raises(CompileError, match="GPU targets"):
+        quantize(model, prof, load_target(TARGET), QuantizeSettings("fp16"), samples[:3])
+
+
 def test_held_out_split_is_disjoint():
     samples = embed_samples(9, 0)
     calibration, held = held_out_split(samples)

@@ -27,6 +27,7 @@ from ..compiler import native
 from ..compiler.codegen import LibraryRewrite
 from ..compiler.library_dispatch import _constant, _weight_id
 from ..compiler.runtime_kernels import rewrite_functions
+from ..errors import CompileError
 from ..targets import Target
 from . import schemes
 from .layers import Layer, find_layers, initializer_arrays
@@ -136,6 +137,10 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
     arrays = initializer_arrays(proto)
 
     def rewrite(mod: tvm.IRModule, target: Target) -> tuple[tvm.IRModule, list[native.NativeAddon]]:
+        if target.kind != "llvm":
+            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's, for "
+                               f"x86 CPU targets; build '{target.name}' without --quantize "
+                               f"(or with --quantize fp16)")
         by_id: dict[int, _Quantized] = {}
         for layer in find_layers(proto):
             decision = decisions.get(layer.name)

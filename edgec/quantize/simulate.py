@@ -7,6 +7,8 @@ calibrated parameters; dynamic: with parameters from its own min and max (widene
 Both are written with elementary ops (Mul, Add, Max, Min, Floor, ReduceMin...) in the kernel's
 arithmetic (round half up, saturate to 0..255), which every opset has: QuantizeLinear needs
 opset 10 and DynamicQuantizeLinear 11, and the zoo's CNNs are opset 9 graphs.
+fp16: the weight and the layer's input through fp16 and back (a partial model of the GPU
+program, whose other ops run in fp16 too).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from .schemes import ActivationParams
 Outputs = dict[str, np.ndarray]
 
 
-def fake_weight(layer: Layer, array: np.ndarray, scheme: str) -> np.ndarray:
-    """The weight after its int8 round trip, as the compiled kernels will use it."""
+def fake_weight(layer: Layer, array: np.ndarray, scheme: str, precision: str = "int8") -> np.ndarray:
+    """The weight after its int8 (or fp16) round trip, as the compiled kernels will use it."""
+    if precision == "fp16":
+        return array.astype(np.float16).astype(np.float32)
     if layer.kind == "embedding":
         return schemes.dequantize_rows(*schemes.quantize_rows(array, scheme))
     q, scale = schemes.quantize_weight(array, layer.weight_axis)
@@ -48,10 +52,16 @@ def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions:
         if precision != "fp32":
             weight_name = f"{layer.weight}__edgec_q8_{node.name}"
             graph.initializer.append(numpy_helper.from_array(
-                fake_weight(layer, arrays[layer.weight], scheme), weight_name))
+                fake_weight(layer, arrays[layer.weight], scheme, precision), weight_name))
             slot = 0 if layer.kind == "embedding" else 1
             node.input[slot] = weight_name
             x = node.input[0]
+            if precision == "fp16" and layer.kind != "embedding":
+                half = f"{x}__edgec_fp16_{node.name}"
+                graph.node.append(helper.make_node("Cast", [x], [half], to=onnx.TensorProto.FLOAT16))
+                graph.node.append(helper.make_node("Cast", [half], [half + "_f32"],
+                                                   to=onnx.TensorProto.FLOAT))
+                node.input[0] = half + "_f32"
             if precision in ("int8-static", "int8-dynamic"):
                 node.input[0] = _fake_quantize(graph, x, node.name, activations.get(node.name)
                                                if precision == "int8-static" else None)
