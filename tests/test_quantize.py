@@ -446,6 +446,11 @@ def test_fp16_builds_cuda_programs_in_half_precision():
         assert recorded["accuracy"]["measured"]["drop"] <= 0.01
     with pytest.raises(CompileError, match="GPU targets"):
         quantize(model, prof, load_target(TARGET), QuantizeSettings("fp16"), samples[:3])
+    # int8 decisions cannot build for a CUDA target: oneDNN's kernels are CPU code.
+    int8 = quantize(model, prof, load_target(TARGET), QuantizeSettings("int8-weight", 1.0),
+                    samples[:3])
+    with pytest.raises(CompileError, match="oneDNN's, for x86 CPU targets"):
+        build(model, the_plan, [gpu], quantization=int8)
 
 
 def test_held_out_split_is_disjoint():
