@@ -267,12 +267,18 @@ struct DenseEntry {
   dnnl::matmul primitive;
   WeightSlot weights;
   std::vector<float> out_scales;
+  // int8: the zero point's term, x_zero * sum_k w[k, n], goes into the bias (no zero-point
+  // attribute, so no run-time zero-point argument); static layers fold it, and the division by
+  // the output scales, into `folded_bias` once.
+  std::once_flag once;
+  std::vector<int32_t> column_sums;
+  std::vector<float> folded_bias;
 };
 
 // Output scales must be fixed when the primitive is made: with run-time scales oneDNN 2.6 drops
 // from its brgemm (AMX / VNNI) matmul to a generic GEMM that repacks the weights on every call
 // (measured 2x slower than fp32 on the zoo transformer). Static layers fix x_scale * w_scale and
-// the zero point; dynamic ones fix w_scale only, with no bias or relu in the primitive, and this
+// the zero point; dynamic ones fix w_scale only, with no relu in the primitive, and this
 // function applies the call's x_scale, then the bias and relu, to the output.
 void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
            double x_scale_in, int64_t x_zero_in, int64_t flags, int64_t weight_id,
@@ -316,14 +322,10 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
         for (float& v : entry->out_scales) v *= x_scale;
       }
       attr.set_output_scales(1 << 1, entry->out_scales);
-      attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     }
-    dnnl::matmul::desc desc = dynamic
-        ? dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
-                             memory::desc({m, n}, dt::f32, tag::ab))
-        : dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
-                             memory::desc({1, n}, dt::f32, tag::ab),
-                             memory::desc({m, n}, dt::f32, tag::ab));
+    dnnl::matmul::desc desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                            memory::desc({1, n}, dt::f32, tag::ab),
+                            memory::desc({m, n}, dt::f32, tag::ab));
     entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
     if (int8 && m * k * n < kAmxMinMacs) SkipAmx(&entry->pd);
     entry->primitive = dnnl::matmul(entry->pd);
@@ -339,22 +341,37 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
       {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), out)},
   };
   const float* b = Data<float>(bias);
-  std::vector<float> scaled_bias;
   if (!int8) {
     args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), const_cast<float*>(x)));
     args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), const_cast<float*>(b)));
   } else {
+    std::call_once(entry->once, [&]() {
+      const int8_t* w = Data<int8_t>(weight);
+      entry->column_sums.assign(n, 0);
+      for (int64_t i = 0; i < k; ++i) {
+        for (int64_t j = 0; j < n; ++j) entry->column_sums[j] += w[i * n + j];
+      }
+      if (!dynamic) {
+        // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias),
+        // and acc sums q * w with q = x / x_scale + x_zero.
+        entry->folded_bias.resize(n);
+        for (int64_t j = 0; j < n; ++j) {
+          entry->folded_bias[j] = b[j] / entry->out_scales[j] -
+                                  static_cast<float>(x_zero) * entry->column_sums[j];
+        }
+      }
+    });
     uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
     Quantize(x, m * k, x_scale, x_zero, q);
     args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
-    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
-                 memory({{1}, dt::s32, tag::x}, Engine(), &x_zero));
-    if (!dynamic) {
-      // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
-      scaled_bias.resize(n);
-      for (int64_t j = 0; j < n; ++j) scaled_bias[j] = b[j] / entry->out_scales[j];
-      args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), scaled_bias.data()));
+    float* folded = entry->folded_bias.data();
+    if (dynamic) {  // this call's zero point; x_scale and the bias come after, in ScaleBiasRelu
+      folded = static_cast<float*>(Scratch(1, n * sizeof(float)));
+      for (int64_t j = 0; j < n; ++j) {
+        folded[j] = -static_cast<float>(x_zero) * entry->column_sums[j];
+      }
     }
+    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), folded));
   }
   entry->primitive.execute(Stream(), args);
   Stream().wait();
