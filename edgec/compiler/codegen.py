@@ -79,16 +79,7 @@ def linked_functions(mod: tvm.IRModule) -> list[str]:
     registry, never among the library's own symbols, so the runtimes bind each one into the
     library when they load it (``edgec.runtime``, ``edgec.cc``), and need the list.
     """
-    names: set[str] = set()
-
-    def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.ExternFunc) and expr.global_symbol.startswith(LINKED_PREFIX):
-            names.add(str(expr.global_symbol))
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return sorted(names)
+    return sorted(name for name in _extern_symbols(mod) if name.startswith(LINKED_PREFIX))
 
 
 @dataclass(frozen=True)
