@@ -15,6 +15,7 @@ from .plan import Plan, check_matches
 from .provenance import tool_versions
 from .quantize import Quantization
 from .quantize.kernels import library_rewrite
+from .quantize.fp16 import fp16_rewrite
 from .runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
 from .runtime.signature import TensorSpec
 from .targets import Target
@@ -110,8 +111,12 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     rewritten: dict[str, int] = {}
     if quantization is not None and quantization.active:
         check_matches(model, quantization.model_sha256, "quantize")
-        rewrite = library_rewrite(model.proto, quantization.decisions(),
-                                  quantization.settings.scheme, rewritten)
+        if quantization.settings.mode == "fp16":
+            rewrite = fp16_rewrite([l["name"] for l in quantization.layers
+                                    if l["precision"] == "fp16"], rewritten)
+        else:
+            rewrite = library_rewrite(model.proto, quantization.decisions(),
+                                      quantization.settings.scheme, rewritten)
     functions = _functions(plan)
     if plan.multi_region:
         inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole

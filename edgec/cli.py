@@ -78,8 +78,9 @@ def _quantize_opts(func):
                         help="Budget vs fp32 on held-out samples: 1 - lowest cosine, or 1 - "
                              "top-1 agreement for classifiers.")(func)
     func = click.option("--calibration", default="percentile", show_default=True,
-                        type=click.Choice(["percentile", "minmax"]),
-                        help="Activation range for int8-static: 99.9th percentile or min/max.")(func)
+                        type=click.Choice(["percentile", "minmax", "entropy"]),
+                        help="Activation range for int8-static: 99.9th percentile, min/max, or "
+                             "the least-KL-divergence threshold over the profile's histogram.")(func)
     func = click.option("--quant-scheme", default="asymmetric", show_default=True,
                         type=click.Choice(["asymmetric", "symmetric"]),
                         help="Activations (and embedding rows): with a zero point, or symmetric.")(func)
@@ -370,6 +371,8 @@ def _echo_quantization(quant) -> None:
         if result:
             click.echo(f"  {which} on {result['samples']} held-out samples: drop "
                        f"{result['drop']:.4g} (budget {quant.settings.max_accuracy_drop:g})")
+    if quant.accuracy.get("not_measured"):
+        click.echo("  not measured: " + quant.accuracy["not_measured"])
     if quant.fp32_layers():
         click.echo("  kept fp32: " + ", ".join(quant.fp32_layers()))
 

@@ -66,7 +66,9 @@ class Profile:
     shapes: list[dict[str, Any]]
     control_flow: dict[str, dict[str, Any]]
     nodes: dict[str, dict[str, Any]]
-    ranges: dict[str, dict[str, float]]
+    # Per float tensor: min, max, absmax_p999; the inputs of layers with a constant weight also
+    # abs_hist and abs_hist_max (see _add_to_histogram), for entropy calibration.
+    ranges: dict[str, dict[str, Any]]
     reference_error: str = ""
     # Per shape-like input: each distinct value seen, as {"shape", "value" (flat), "count"}.
     values: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -161,11 +163,53 @@ def _range_of(values: np.ndarray) -> dict[str, float] | None:
     }
 
 
+# Bins of the |x| histograms kept for the activations quantization calibrates (entropy
+# calibration searches clipping thresholds over them, see edgec.quantize.schemes).
+HISTOGRAM_BINS = 1024
+
+
+def _add_to_histogram(entry: dict[str, Any], values: np.ndarray) -> None:
+    """Count the finite |values| into ``entry``'s histogram (``abs_hist``, ``HISTOGRAM_BINS``
+    bins over [0, ``abs_hist_max``], the largest |x| seen). When a sample widens the range, the
+    counts so far move to the new bins in proportion to their overlap (each count assumed
+    spread evenly over its old bin); deterministic for given samples in a given order."""
+    flat = np.abs(values[np.isfinite(values)].astype(np.float64, copy=False)).ravel()
+    if not flat.size:
+        return
+    top = float(flat.max())
+    old = entry.get("abs_hist")
+    old_top = float(entry.get("abs_hist_max", 0.0))
+    new_top = max(top, old_top) or 1.0
+    counts = np.histogram(flat, bins=HISTOGRAM_BINS, range=(0.0, new_top))[0].astype(np.float64)
+    if old is not None:
+        old_counts = np.asarray(old, np.float64)
+        if new_top == old_top:
+            counts += old_counts
+        else:
+            # Cumulative counts at the new bin edges, interpolated within the old bins.
+            old_edges = np.linspace(0.0, old_top, HISTOGRAM_BINS + 1)
+            cumulative = np.concatenate([[0.0], np.cumsum(old_counts)])
+            at_new_edges = np.interp(np.linspace(0.0, new_top, HISTOGRAM_BINS + 1), old_edges, cumulative)
+            counts += np.diff(at_new_edges)
+    entry["abs_hist_max"] = new_top
+    # Counts stay whole numbers in the file: rounding the cumulative sum keeps the total exact.
+    entry["abs_hist"] = [int(c) for c in np.diff(np.rint(np.concatenate([[0.0], np.cumsum(counts)])))]
+
+
+def _calibrated_activations(model: Model) -> set[str]:
+    """The tensors a quantized layer would take as input: those get histograms."""
+    if model.proto is None:
+        return set()
+    from .quantize.layers import find_layers  # here: edgec.quantize imports this module
+
+    return {layer.activation for layer in find_layers(model.proto) if layer.kind != "embedding"}
+
+
 def _merge_range(old: dict[str, float] | None, new: dict[str, float], count: int) -> dict[str, float]:
     if old is None:
         return new
     return {
-        "min": min(old["min"], new["min"]), "max": max(old["max"], new["max"]),
+        **old, "min": min(old["min"], new["min"]), "max": max(old["max"], new["max"]),
         # Mean over samples of the per-sample percentile: robust to one outlier sample.
         "absmax_p999": old["absmax_p999"] + (new["absmax_p999"] - old["absmax_p999"]) / count,
     }
@@ -327,6 +371,7 @@ def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observa
     trip_counts: dict[str, Counter] = defaultdict(Counter)
     branch_counts: dict[str, Counter] = defaultdict(Counter)
     range_counts: Counter = Counter()
+    histograms = _calibrated_activations(model)
 
     for sample, key in zip(samples, keys):
         try:
@@ -343,6 +388,8 @@ def _observe(model: Model, samples: list[Sample], keys: list[tuple]) -> _Observa
             if found is not None:
                 range_counts[name] += 1
                 observed.ranges[name] = _merge_range(observed.ranges.get(name), found, range_counts[name])
+                if name in histograms:
+                    _add_to_histogram(observed.ranges[name], value)
         for name, event in events.items():
             if isinstance(event, bool):
                 branch_counts[name]["then" if event else "else"] += 1

@@ -83,3 +83,29 @@ def test_gpu_matches_cpu(tmp_path, name):
     print(f"\n{name} on {target}: p50 per call (runtime.run, with copies) gpu {gpu_ms:.3f} ms, "
           f"cpu {cpu_ms:.3f} ms ({runtime._default_threads()} threads), ratio gpu/cpu "
           f"{gpu_ms / cpu_ms:.3f}; max abs diff {diff:.3g} over {len(samples)} samples")
+
+
+def test_fp16_artifact_runs_on_the_gpu_close_to_fp32(tmp_path):
+    """`--quantize fp16`: the GPU library in half precision; its outputs within fp16's error of
+    the CPU library's (fp32), and the manifest holds the accuracy measured on this GPU."""
+    from edgec import zoo
+    from edgec.cli import main
+
+    target = gpu_target()
+    cpu_target = "x86_64" if runtime.host_arch() == "x86_64" else "arm64-cortex-a72"
+    entry = zoo.get("cnn")
+    zoo.export("cnn", tmp_path / "cnn")
+    zoo.export("cnn", tmp_path / "held_out", seed=1)
+    out = tmp_path / "cnn_fp16.edgec"
+    assert main(["compile", str(tmp_path / "cnn" / "model.onnx"), "--samples",
+                 str(tmp_path / "cnn" / "samples"), "--held-out-samples",
+                 str(tmp_path / "held_out" / "samples"), "--target", target, "--target",
+                 cpu_target, "--quantize", "fp16", "-o", str(out)]) == 0
+    cpu, gpu = runtime.load(out, target=cpu_target), runtime.load(out, target=target)
+    quantization = gpu.manifest["quantization"]
+    assert quantization["mode"] == "fp16" and quantization["accuracy"]["measured"] is not None
+    for sample in entry.make_samples(entry.default_samples, 0):
+        expected, got = cpu.run(sample), gpu.run(sample)
+        for key, value in expected.items():
+            scale = max(1.0, float(np.abs(value).max()))
+            assert float(np.abs(got[key] - value).max()) <= 1e-2 * scale, key

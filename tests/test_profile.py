@@ -77,6 +77,29 @@ def test_profile_records_dims_shapes_nodes_and_ranges():
     assert all(s["reference_ms"] > 0 for s in prof.shapes)
 
 
+def test_profile_keeps_histograms_of_the_activations_quantization_calibrates():
+    """|x| histograms for the inputs of layers with constant weights (here the MLP's MatMul
+    input), over [0, largest |x| seen], holding every value once; none for other tensors."""
+    from edgec.profile import HISTOGRAM_BINS
+    from edgec.quantize.layers import find_layers
+
+    model = from_proto(mlp_model(), "mlp")
+    samples = _samples(mlp_samples(MLP_SHAPES))
+    prof = profile(model, samples)
+    activations = {layer.activation for layer in find_layers(model.proto)
+                   if layer.kind != "embedding"}
+    assert activations and all(name in prof.ranges for name in activations)
+    for name, entry in prof.ranges.items():
+        if name not in activations:
+            assert "abs_hist" not in entry
+            continue
+        assert len(entry["abs_hist"]) == HISTOGRAM_BINS
+        assert entry["abs_hist_max"] == pytest.approx(max(abs(entry["min"]), abs(entry["max"])))
+        if name in samples[0].arrays:
+            assert sum(entry["abs_hist"]) == sum(s.arrays[name].size for s in samples)
+    assert profile(model, samples).ranges == prof.ranges  # deterministic
+
+
 def test_profile_counts_branches_of_if():
     xs = [np.array(v, np.float32) for v in ([1, 2], [-5, 1], [3, 3, 3], [-1, -1, -1], [0.5])]
     prof = profile(from_proto(if_model()), _samples([{"x": x} for x in xs]))

@@ -150,6 +150,56 @@ def test_activation_params_from_profiled_ranges():
     assert np.abs(schemes.fake_quantize(x, clipped) - x).max() <= clipped.scale / 2 + 1e-6
 
 
+def test_entropy_threshold_clips_outliers_but_not_a_uniform_range():
+    rng = np.random.default_rng(0)
+    bulk = np.abs(rng.standard_normal(100_000))
+    for outlier, levels in ((100.0, 127), (8.0, 127), (30.0, 255)):
+        x = np.append(bulk, outlier)
+        counts = np.histogram(x, 1024, (0, x.max()))[0]
+        threshold = schemes.entropy_threshold(counts, float(x.max()), levels)
+        # At most `levels` bins' worth of range below the outlier; never past the bulk's tail.
+        assert 3.0 < threshold <= max(outlier * levels / 1024 + 1e-9, bulk.max() + 0.02)
+    uniform = np.abs(rng.uniform(-1, 1, 100_000))
+    counts = np.histogram(uniform, 1024, (0, uniform.max()))[0]
+    assert schemes.entropy_threshold(counts, float(uniform.max()), 127) == pytest.approx(1.0, abs=0.01)
+
+
+def outlier_matmul() -> onnx.ModelProto:
+    """x[1, 16, 64] -> MatMul -> y[1, 16, 32]."""
+    w = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32) / 8
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "outlier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 32])],
+        [numpy_helper.from_array(w, "w")])
+    return _model(graph)
+
+
+def test_entropy_calibration_survives_an_outlier_that_ruins_minmax():
+    """One calibration value 50x the rest: min/max spreads the 256 levels over it (drop 0.027
+    when measured); entropy and percentile clip it (both near 0.0006)."""
+    rng = np.random.default_rng(0)
+    calibration = [rng.standard_normal((1, 16, 64)).astype(np.float32) for _ in range(12)]
+    calibration[5][0, 3, 7] = 200.0
+    held_out = [Sample(f"h{i}", {"x": rng.standard_normal((1, 16, 64)).astype(np.float32)})
+                for i in range(6)]
+    model, target, prof, _ = _setup(outlier_matmul(), [Sample(f"s{i}", {"x": a})
+                                                        for i, a in enumerate(calibration)])
+    drops, ranges = {}, {}
+    for calibration_method in ("minmax", "percentile", "entropy"):
+        quant = quantize(model, prof, target,
+                         QuantizeSettings("int8-static", 1.0, calibration_method), held_out)
+        drops[calibration_method] = quant.accuracy["simulated"]["drop"]
+        ranges[calibration_method] = quant.layers[0]["activation"]["scale"] * 255
+    assert ranges["minmax"] > 200 and ranges["entropy"] < 40
+    assert drops["entropy"] < drops["minmax"] / 10
+    assert drops["entropy"] < 2 * drops["percentile"] + 1e-4
+    # A profile without histograms (an older edgec's) is refused in one line.
+    del prof.ranges["x"]["abs_hist"]
+    with pytest.raises(CompileError, match="edgec profile"):
+        quantize(model, prof, target, QuantizeSettings("int8-static", 1.0, "entropy"), held_out)
+
+
 def test_find_layers_names_kinds_and_channel_axes():
     layers = {layer.name: layer for layer in find_layers(embed_mlp())}
     assert {n: layer.kind for n, layer in layers.items()} == {
@@ -201,6 +251,24 @@ def test_compiled_mode_is_close_to_fp32_and_matches_its_simulation(mode, min_cos
     assert agreement["outputs"]["hidden"]["min_cosine"] >= 0.99999
 
 
+def test_simulation_runs_on_opset_9_graphs(tmp_path):
+    """QuantizeLinear needs opset 10 and DynamicQuantizeLinear 11; the simulation's elementary
+    ops work on the zoo's opset-9 CNNs too, and agree with the compiled kernels."""
+    proto = small_cnn()
+    proto.opset_import[0].version = 9
+    model, target, prof, the_plan = _setup(proto, cnn_samples(6, 0))
+    held_out = cnn_samples(3, 1)
+    for mode in ("int8-static", "int8-dynamic"):
+        quant = quantize(model, prof, target, QuantizeSettings(mode, 1.0), held_out)
+        assert quant.accuracy["simulated"]["drop"] < 0.05
+    assert [l["precision"] for l in quant.layers] == ["int8-weight"] * 2 + ["int8-dynamic"]
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    simulated = simulate.run(simulate.simulated_model(
+        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
+        {}, "asymmetric"), [s.arrays for s in held_out])
+    assert accuracy.compare(simulated, outputs)["outputs"]["logits"]["min_cosine"] >= 0.99999
+
+
 def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
     held_out = cnn_samples(4, 1)
@@ -210,6 +278,41 @@ def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     result = accuracy.compare(_reference(model, held_out), outputs, ["logits"])
     assert result["outputs"]["logits"]["min_cosine"] >= 0.995
     assert result["outputs"]["logits"]["top1_agreement"] >= 0.9
+
+
+def _library_symbols_and_sections(artifact, tmp_path) -> tuple[set[str], set[str]]:
+    """The dynamic symbols and the section names of an artifact's library."""
+    import subprocess
+
+    path = tmp_path / "lib.so"
+    path.write_bytes(artifact.files[f"lib/{TARGET}.so"])
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    sections = subprocess.run(["readelf", "-W", "-S", str(path)], capture_output=True,
+                              text=True, check=True).stdout
+    return set(symbols), {line.split("]")[1].split()[0] for line in sections.splitlines()
+                          if "]" in line and line.split("]")[1].split()}
+
+
+def test_int8_library_links_only_the_code_it_calls(tmp_path):
+    """A program whose every dense layer is int8 links the int8 dense kernels only: not the fp32
+    shim it no longer calls, not the convolution kernels, no debug information; and the library
+    still needs oneDNN at run time."""
+    model, target, prof, the_plan = _setup(embed_mlp(), embed_samples(4, 0))
+    quant = quantize(model, prof, target, QuantizeSettings("int8-weight", 0.5), embed_samples(2, 1))
+    artifact = build(model, the_plan, [target], quantization=quant)
+    symbols, sections = _library_symbols_and_sections(artifact, tmp_path)
+    assert "__tvm_ffi_edgec_q8_dense_w8" in symbols
+    assert not [s for s in symbols if "edgec_dnnl_" in s or "conv2d" in s]
+    assert not [s for s in sections if s.startswith(".debug")]
+    assert artifact.manifest["libraries"][TARGET]["native_dependencies"] == ["libdnnl.so.2"]
+    # With one layer kept fp32 the shim stays: its call remains.
+    for layer in quant.layers:
+        if layer["name"] == "fc2":
+            layer["precision"], layer["activation"] = "fp32", None
+    symbols, _ = _library_symbols_and_sections(
+        build(model, the_plan, [target], quantization=quant), tmp_path)
+    assert "__tvm_ffi_edgec_dnnl_dense" in symbols and "__tvm_ffi_edgec_q8_dense_w8" in symbols
 
 
 @pytest.mark.slow
@@ -296,6 +399,58 @@ def test_refusals():
             bad.check()
     none = quantize(model, prof, target, QuantizeSettings("none"), [])
     assert not none.active and none.layers == []
+
+
+def wide_mlp(width: int = 256) -> onnx.ModelProto:
+    """x[2, width] -> Gemm+Relu -> Gemm -> y[2, 8]: 260 KB of fp32 weights."""
+    rng = np.random.default_rng(2)
+    inits = {"w1": rng.standard_normal((width, width)) / 16, "b1": rng.standard_normal(width) * 0.1,
+             "w2": rng.standard_normal((width, 8)) / 16, "b2": rng.standard_normal(8) * 0.1}
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1"),
+         helper.make_node("Relu", ["h"], ["r"], name="relu"),
+         helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2")],
+        "wide_mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return _model(graph)
+
+
+def test_fp16_builds_cuda_programs_in_half_precision():
+    """fp16 on a CUDA target: the library holds the weights in half the bytes, the manifest
+    records it (and, on a machine without a GPU, why the artifact was not measured); a CPU
+    target is refused in one line."""
+    from edgec.compiler.codegen_cuda import find_nvcc
+
+    try:
+        find_nvcc()
+    except EdgecError as exc:
+        pytest.skip(str(exc))
+    rng = np.random.default_rng(3)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((2, 256)).astype(np.float32)})
+               for i in range(6)]
+    model, _, prof, the_plan = _setup(wide_mlp(), samples)
+    gpu = load_target("cuda-sm89")
+    quant = quantize(model, prof, gpu, QuantizeSettings("fp16", 0.01), samples[:3])
+    assert [(l["name"], l["precision"]) for l in quant.layers] == [("fc1", "fp16"), ("fc2", "fp16")]
+    assert quant.accuracy["simulated"]["drop"] < 1e-4
+    fp32 = build(model, the_plan, [gpu])
+    fp16 = build_guarded(model, the_plan, [gpu], quant, samples[:3])
+    saved = fp32.manifest["libraries"]["cuda-sm89"]["bytes"] - fp16.manifest["libraries"]["cuda-sm89"]["bytes"]
+    assert saved > 100_000  # 260 KB of fp32 weights stored as fp16
+    recorded = fp16.manifest["quantization"]
+    assert recorded["mode"] == "fp16" and recorded["fp32_layers"] == []
+    if recorded["accuracy"]["measured"] is None:
+        assert "GPU" in recorded["accuracy"]["not_measured"]
+    else:
+        assert recorded["accuracy"]["measured"]["drop"] <= 0.01
+    with pytest.raises(CompileError, match="GPU targets"):
+        quantize(model, prof, load_target(TARGET), QuantizeSettings("fp16"), samples[:3])
+    # int8 decisions cannot build for a CUDA target: oneDNN's kernels are CPU code.
+    int8 = quantize(model, prof, load_target(TARGET), QuantizeSettings("int8-weight", 1.0),
+                    samples[:3])
+    with pytest.raises(CompileError, match="oneDNN's, for x86 CPU targets"):
+        build(model, the_plan, [gpu], quantization=int8)
 
 
 def test_held_out_split_is_disjoint():

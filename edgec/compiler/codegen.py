@@ -79,16 +79,7 @@ def linked_functions(mod: tvm.IRModule) -> list[str]:
     registry, never among the library's own symbols, so the runtimes bind each one into the
     library when they load it (``edgec.runtime``, ``edgec.cc``), and need the list.
     """
-    names: set[str] = set()
-
-    def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.ExternFunc) and expr.global_symbol.startswith(LINKED_PREFIX):
-            names.add(str(expr.global_symbol))
-
-    for func in mod.functions.values():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
-    return sorted(names)
+    return sorted(name for name in _extern_symbols(mod) if name.startswith(LINKED_PREFIX))
 
 
 @dataclass(frozen=True)
@@ -135,6 +126,10 @@ class LLVMCodegen:
                 addons.append(shim)
         if library_rewrite is not None:
             mod, extra = library_rewrite(mod, target)
+            # A rewrite that replaced every fp32 oneDNN call (every layer int8) leaves the shim
+            # unused: linking it anyway cost the zoo transformer's library 130 KB of code.
+            if addons and not any(name.startswith("edgec_dnnl_") for name in _extern_symbols(mod)):
+                addons.clear()
             addons += extra
         uses_dnnl = bool(addons)
         # After library dispatch: this legalizes, which would hide convolutions from it.
@@ -174,7 +169,7 @@ class LLVMCodegen:
         if database is not None:
             tuning.update(database=database.location, records=len(database),
                           tuned_kernels=applied.tuned)
-        export_kwargs = {}
+        export_kwargs = {"options": list(native.LINK_OPTIONS)}
         if target.cross_compiler:
             export_kwargs["fcompile"] = tvm.support.cc.cross_compiler(target.cross_compiler)
         if addons:
@@ -186,11 +181,27 @@ class LLVMCodegen:
                 executable.export_library(str(path), **export_kwargs)
             except Exception as exc:  # the linker's failure surfaces as a RuntimeError
                 raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
-            dependencies = [lib for addon in addons for lib in addon.runtime_libraries]
+            dependencies = list(dict.fromkeys(
+                lib for addon in addons for lib in addon.runtime_libraries))
             return CompiledLibrary(path.read_bytes(), native_dependencies=dependencies,
                                    tuning=tuning, tvm_kernels_parallel=prepared.parallel,
                                    vm_exec_mode=vm_exec_mode(target),
                                    linked_functions=linked_functions(prepared.mod))
+
+
+def _extern_symbols(mod: tvm.IRModule) -> set[str]:
+    """The external functions (``call_dps_packed`` and friends) the Relax functions of ``mod``
+    call, by symbol."""
+    found: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.ExternFunc):
+            found.add(str(expr.global_symbol))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
 
 
 def _debian_cross_package(compiler: str) -> str:

@@ -165,14 +165,16 @@ class CUDACodegen:
         """Compile ``mod`` for ``target`` (kernels on the GPU) and link one shared library."""
         from .codegen import CompiledLibrary, _fusable  # codegen imports this module
 
-        if library_rewrite is not None:
-            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's, for "
-                               f"x86 CPU targets; build '{target.name}' without --quantize")
         tvm_target = self.tvm_target(target)
         nvcc = find_nvcc()
         if target.libraries.get("dnnl", False):
             raise CompileError(f"target '{target.name}': oneDNN ([libraries] dnnl) is for CPU "
                                f"targets; remove it from the target file")
+        if library_rewrite is not None:  # quantization's hook: fp16 (int8 refuses CUDA targets)
+            mod, addons = library_rewrite(mod, target)
+            if addons:
+                raise CompileError(f"target '{target.name}': the quantized program needs CPU "
+                                   f"kernels; build '{target.name}' without --quantize")
         mod, kernels = runtime_kernels.redirect(_fusable(mod))
         if kernels:
             raise CompileError(

@@ -1,5 +1,7 @@
 // oneDNN kernels for quantized layers of edgec model libraries (edgec/quantize/kernels.py writes
-// the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x).
+// the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x). Compiled
+// once per part, -DEDGEC_Q8_DENSE and -DEDGEC_Q8_CONV, so that a library links only the part
+// its program calls (each part's exported wrappers alone are 10-40 KB of code).
 //
 // Weights arrive as int8 with one float scale per output channel (symmetric, zero point 0):
 //
@@ -34,6 +36,10 @@
 #include <vector>
 
 #include "dnnl_common.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace {
 
@@ -83,6 +89,12 @@ void* Scratch(int slot, size_t bytes) {
   return reinterpret_cast<void*>((p + 63) & ~uintptr_t(63));
 }
 
+// The per-call loops around an int8 matmul, in SSE2 on x86-64 (every x86-64 CPU has it; the
+// shim is built for the baseline ISA): at -O2 GCC vectorizes neither a float min/max reduction
+// nor a clamp-and-narrow loop, and generic vector types came out as scalar code with stack
+// spills. Scalar, those loops made int8-static 1.15x and int8-dynamic 1.35x fp32 on the zoo
+// transformer (perf: Params, Quantize and the epilogue were 14% of int8-dynamic's time).
+
 // Activation quantization parameters: the calibrated ones, or (scale <= 0) this tensor's range,
 // widened to hold 0 so that zero (padding) is exact.
 void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* scale,
@@ -93,7 +105,24 @@ void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* 
     return;
   }
   float lo = 0.f, hi = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  __m128 lo_v[4], hi_v[4];  // four chains, so the loop is not one long dependency
+  for (int j = 0; j < 4; ++j) lo_v[j] = hi_v[j] = _mm_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      __m128 v = _mm_loadu_ps(x + i + 4 * j);
+      lo_v[j] = _mm_min_ps(lo_v[j], v);
+      hi_v[j] = _mm_max_ps(hi_v[j], v);
+    }
+  }
+  float lanes[4];
+  _mm_storeu_ps(lanes, _mm_min_ps(_mm_min_ps(lo_v[0], lo_v[1]), _mm_min_ps(lo_v[2], lo_v[3])));
+  for (float v : lanes) lo = std::min(lo, v);
+  _mm_storeu_ps(lanes, _mm_max_ps(_mm_max_ps(hi_v[0], hi_v[1]), _mm_max_ps(hi_v[2], hi_v[3])));
+  for (float v : lanes) hi = std::max(hi, v);
+#endif
+  for (; i < n; ++i) {
     lo = std::min(lo, x[i]);
     hi = std::max(hi, x[i]);
   }
@@ -106,11 +135,44 @@ void Params(const float* x, int64_t n, double scale_in, int64_t zero_in, float* 
 void Quantize(const float* x, int64_t n, float scale, int32_t zero, uint8_t* q) {
   const float inv = 1.f / scale;
   const float z = static_cast<float>(zero);
-  // Round half up by truncation after clamping (no libm call, so the loop vectorizes).
-  for (int64_t i = 0; i < n; ++i) {
+  // Round half up by truncation after clamping (no libm call).
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 inv_v = _mm_set1_ps(inv), z_v = _mm_set1_ps(z), half = _mm_set1_ps(0.5f);
+  const __m128 low = _mm_setzero_ps(), high = _mm_set1_ps(255.f);
+  auto lanes = [&](const float* p) {
+    __m128 v = _mm_add_ps(_mm_add_ps(_mm_mul_ps(_mm_loadu_ps(p), inv_v), z_v), half);
+    return _mm_cvttps_epi32(_mm_min_ps(_mm_max_ps(v, low), high));
+  };
+  for (; i + 16 <= n; i += 16) {
+    __m128i lo = _mm_packs_epi32(lanes(x + i), lanes(x + i + 4));
+    __m128i hi = _mm_packs_epi32(lanes(x + i + 8), lanes(x + i + 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm_packus_epi16(lo, hi));
+  }
+#endif
+  for (; i < n; ++i) {
     float v = x[i] * inv + z + 0.5f;
     v = v < 0.f ? 0.f : (v > 255.f ? 255.f : v);
     q[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+  }
+}
+
+// out[i, j] = out[i, j] * x_scale + b[j], then relu if asked: a dynamic layer's epilogue.
+void ScaleBiasRelu(float* out, int64_t m, int64_t n, float x_scale, const float* b, bool relu) {
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = out + i * n;
+    int64_t j = 0;
+#if defined(__SSE2__)
+    const __m128 s_v = _mm_set1_ps(x_scale), zero_v = _mm_setzero_ps();
+    for (; j + 4 <= n; j += 4) {
+      __m128 v = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(row + j), s_v), _mm_loadu_ps(b + j));
+      _mm_storeu_ps(row + j, relu ? _mm_max_ps(v, zero_v) : v);
+    }
+#endif
+    for (; j < n; ++j) {
+      float v = row[j] * x_scale + b[j];
+      row[j] = relu && v < 0.f ? 0.f : v;
+    }
   }
 }
 
@@ -177,19 +239,46 @@ int64_t FloatBits(float v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dense
+// Dense (compiled with EDGEC_Q8_DENSE: a library links only the parts its program calls)
+
+#ifdef EDGEC_Q8_DENSE
+
+// Below this many multiply-adds an int8 matmul takes oneDNN's AVX512-VNNI kernel, not its AMX
+// one: on the zoo transformer (16x64x64 to 32x128x64) AMX made int8-static 1.08x slower than
+// fp32 and VNNI 1.01x, the same run; a process whose threads use AMX tiles also pays to save
+// and restore their state, which slowed its fp32 kernels too. Convolutions keep AMX (squeezenet:
+// int8-static 0.70x fp32 with it, 0.79x without).
+constexpr int64_t kAmxMinMacs = int64_t(1) << 22;
+
+// The next implementation of `pd` that does not use AMX, if there is one.
+template <typename PrimitiveDesc>
+void SkipAmx(PrimitiveDesc* pd) {
+  PrimitiveDesc first = *pd;
+  while (std::string(pd->impl_info_str()).find("amx") != std::string::npos) {
+    if (!pd->next_impl()) {
+      *pd = first;
+      return;
+    }
+  }
+}
 
 struct DenseEntry {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
   WeightSlot weights;
   std::vector<float> out_scales;
+  // int8: the zero point's term, x_zero * sum_k w[k, n], goes into the bias (no zero-point
+  // attribute, so no run-time zero-point argument); static layers fold it, and the division by
+  // the output scales, into `folded_bias` once.
+  std::once_flag once;
+  std::vector<int32_t> column_sums;
+  std::vector<float> folded_bias;
 };
 
 // Output scales must be fixed when the primitive is made: with run-time scales oneDNN 2.6 drops
 // from its brgemm (AMX / VNNI) matmul to a generic GEMM that repacks the weights on every call
 // (measured 2x slower than fp32 on the zoo transformer). Static layers fix x_scale * w_scale and
-// the zero point; dynamic ones fix w_scale only, with no bias or relu in the primitive, and this
+// the zero point; dynamic ones fix w_scale only, with no relu in the primitive, and this
 // function applies the call's x_scale, then the bias and relu, to the output.
 void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
            double x_scale_in, int64_t x_zero_in, int64_t flags, int64_t weight_id,
@@ -233,15 +322,12 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
         for (float& v : entry->out_scales) v *= x_scale;
       }
       attr.set_output_scales(1 << 1, entry->out_scales);
-      attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     }
-    dnnl::matmul::desc desc = dynamic
-        ? dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
-                             memory::desc({m, n}, dt::f32, tag::ab))
-        : dnnl::matmul::desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
-                             memory::desc({1, n}, dt::f32, tag::ab),
-                             memory::desc({m, n}, dt::f32, tag::ab));
+    dnnl::matmul::desc desc(memory::desc({m, k}, src_t, tag::ab), memory::desc({k, n}, w_t, tag::any),
+                            memory::desc({1, n}, dt::f32, tag::ab),
+                            memory::desc({m, n}, dt::f32, tag::ab));
     entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
+    if (int8 && m * k * n < kAmxMinMacs) SkipAmx(&entry->pd);
     entry->primitive = dnnl::matmul(entry->pd);
     return entry;
   });
@@ -255,35 +341,41 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
       {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), out)},
   };
   const float* b = Data<float>(bias);
-  std::vector<float> scaled_bias;
   if (!int8) {
     args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), const_cast<float*>(x)));
     args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), const_cast<float*>(b)));
   } else {
+    std::call_once(entry->once, [&]() {
+      const int8_t* w = Data<int8_t>(weight);
+      entry->column_sums.assign(n, 0);
+      for (int64_t i = 0; i < k; ++i) {
+        for (int64_t j = 0; j < n; ++j) entry->column_sums[j] += w[i * n + j];
+      }
+      if (!dynamic) {
+        // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias),
+        // and acc sums q * w with q = x / x_scale + x_zero.
+        entry->folded_bias.resize(n);
+        for (int64_t j = 0; j < n; ++j) {
+          entry->folded_bias[j] = b[j] / entry->out_scales[j] -
+                                  static_cast<float>(x_zero) * entry->column_sums[j];
+        }
+      }
+    });
     uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
     Quantize(x, m * k, x_scale, x_zero, q);
     args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
-    args.emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC,
-                 memory({{1}, dt::s32, tag::x}, Engine(), &x_zero));
-    if (!dynamic) {
-      // oneDNN 2.x applies the output scales after the bias: dst = scale * (acc + bias).
-      scaled_bias.resize(n);
-      for (int64_t j = 0; j < n; ++j) scaled_bias[j] = b[j] / entry->out_scales[j];
-      args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), scaled_bias.data()));
+    float* folded = entry->folded_bias.data();
+    if (dynamic) {  // this call's zero point; x_scale and the bias come after, in ScaleBiasRelu
+      folded = static_cast<float*>(Scratch(1, n * sizeof(float)));
+      for (int64_t j = 0; j < n; ++j) {
+        folded[j] = -static_cast<float>(x_zero) * entry->column_sums[j];
+      }
     }
+    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), folded));
   }
   entry->primitive.execute(Stream(), args);
   Stream().wait();
-  if (dynamic) {
-    const bool relu = flags & kRelu;
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = out + i * n;
-      for (int64_t j = 0; j < n; ++j) {
-        float v = row[j] * x_scale + b[j];
-        row[j] = relu && v < 0.f ? 0.f : v;
-      }
-    }
-  }
+  if (dynamic) ScaleBiasRelu(out, m, n, x_scale, b, flags & kRelu);
 }
 
 void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t flags,
@@ -304,8 +396,12 @@ void DenseI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias,
   }
 }
 
+#endif  // EDGEC_Q8_DENSE
+
 // ---------------------------------------------------------------------------------------------
-// Convolution
+// Convolution (compiled with EDGEC_Q8_CONV)
+
+#ifdef EDGEC_Q8_CONV
 
 struct ConvEntry {
   dnnl::convolution_forward::primitive_desc pd;
@@ -464,9 +560,15 @@ void Conv2dI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias
   }
 }
 
+#endif  // EDGEC_Q8_CONV
+
 }  // namespace
 
+#ifdef EDGEC_Q8_DENSE
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_w8, DenseW8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_i8, DenseI8);
+#endif
+#ifdef EDGEC_Q8_CONV
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_w8, Conv2dW8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_i8, Conv2dI8);
+#endif

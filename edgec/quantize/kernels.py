@@ -27,6 +27,7 @@ from ..compiler import native
 from ..compiler.codegen import LibraryRewrite
 from ..compiler.library_dispatch import _constant, _weight_id
 from ..compiler.runtime_kernels import rewrite_functions
+from ..errors import CompileError
 from ..targets import Target
 from . import schemes
 from .layers import Layer, find_layers, initializer_arrays
@@ -37,16 +38,19 @@ _FP32_DENSE, _FP32_CONV = "edgec_dnnl_dense", "edgec_dnnl_conv2d"
 
 
 
-def int8_addon(compiler: str = "g++") -> native.NativeAddon:
-    """``edgec/native/dnnl_int8.cc`` compiled like the fp32 shim (cached by content hash).
+def int8_addon(compiler: str = "g++", kinds: tuple[str, ...] = ("dense", "conv")) -> native.NativeAddon:
+    """The parts of ``edgec/native/dnnl_int8.cc`` for the layer ``kinds`` a program calls
+    (``dense``, ``conv``), each compiled like the fp32 shim (cached by content hash) into its
+    own object, so a library links only what it calls.
 
-    It links against oneDNN but needs no run-time library the fp32 shim does not: a model with
-    quantized layers always has the shim's calls too (the rewrite starts from them).
+    Like the fp32 shim, it needs ``libdnnl.so.2`` at run time (a library whose every layer is
+    int8 no longer links the fp32 shim).
     """
-    obj = native._compile_object(native.NATIVE_DIR / "dnnl_int8.cc", compiler,
-                                 missing_header_hint=native.DNNL_INSTALL_HINT, header="dnnl.hpp")
+    objects = tuple(str(native._compile_object(
+        native.NATIVE_DIR / "dnnl_int8.cc", compiler, missing_header_hint=native.DNNL_INSTALL_HINT,
+        header="dnnl.hpp", defines=(f"EDGEC_Q8_{kind.upper()}",))) for kind in sorted(set(kinds)))
     native._check_library(compiler, "dnnl", native.DNNL_INSTALL_HINT)
-    return native.NativeAddon("dnnl_int8", (str(obj),), ("-ldnnl",), ())
+    return native.NativeAddon("dnnl_int8", objects, ("-ldnnl",), ("libdnnl.so.2",))
 
 
 class _Quantized:
@@ -133,6 +137,10 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
     arrays = initializer_arrays(proto)
 
     def rewrite(mod: tvm.IRModule, target: Target) -> tuple[tvm.IRModule, list[native.NativeAddon]]:
+        if target.kind != "llvm":
+            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's, for "
+                               f"x86 CPU targets; build '{target.name}' without --quantize "
+                               f"(or with --quantize fp16)")
         by_id: dict[int, _Quantized] = {}
         for layer in find_layers(proto):
             decision = decisions.get(layer.name)
@@ -143,10 +151,11 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
                 layer, decision["precision"], compiled, scheme, decision.get("activation"))
         mutator = _Rewrite(mod, by_id)
         mod = rewrite_functions(mutator, mod)
-        uses_library = any(q.uses for q in by_id.values() if q.layer.kind != "embedding")
+        kinds = tuple(sorted({q.layer.kind for q in by_id.values()
+                              if q.uses and q.layer.kind != "embedding"}))
         if found is not None:
             for quantized in by_id.values():
                 found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
-        return mod, [int8_addon(target.cross_compiler or "g++")] if uses_library else []
+        return mod, [int8_addon(target.cross_compiler or "g++", kinds)] if kinds else []
 
     return rewrite

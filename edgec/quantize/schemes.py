@@ -8,7 +8,9 @@ Activations: uint8 with a zero point, ``real = scale * (q - zero)``. Asymmetric:
 range [lo, hi], widened to hold 0 so that zero (padding) is exact, spread over 0..255. Symmetric:
 ``scale = absmax / 127`` and zero point 128. The range comes from the profile: ``minmax`` takes the
 observed min and max, ``percentile`` clips both to the 99.9th percentile of |x| (robust to rare
-outliers, which would otherwise waste most of the 256 levels).
+outliers, which would otherwise waste most of the 256 levels), ``entropy`` clips them to the
+threshold whose quantized distribution of |x| is closest to the observed one (the least
+Kullback-Leibler divergence, over the profile's |x| histogram: TensorRT's method).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CALIBRATIONS = ("percentile", "minmax")
+CALIBRATIONS = ("percentile", "minmax", "entropy")
 SCHEMES = ("asymmetric", "symmetric")
 
 
@@ -76,8 +78,14 @@ def activation_params(observed: dict[str, float], calibration: str,
     """uint8 parameters for an activation whose profiled range is ``observed`` (the profile's
     ``min``, ``max`` and ``absmax_p999``)."""
     lo, hi = float(observed["min"]), float(observed["max"])
+    clip = None
     if calibration == "percentile":
         clip = float(observed["absmax_p999"])
+    elif calibration == "entropy":
+        # The levels |x| gets: all 256 for a non-negative input with a zero point, half else.
+        levels = 255 if scheme == "asymmetric" and lo >= 0 else 127
+        clip = entropy_threshold(observed["abs_hist"], float(observed["abs_hist_max"]), levels)
+    if clip is not None:
         lo, hi = max(lo, -clip), min(hi, clip)
     if scheme == "symmetric":
         absmax = max(abs(lo), abs(hi))
@@ -85,6 +93,43 @@ def activation_params(observed: dict[str, float], calibration: str,
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     scale = (hi - lo) / 255.0 if hi > lo else 1.0
     return ActivationParams(scale, int(np.clip(np.rint(-lo / scale), 0, 255)))
+
+
+def entropy_threshold(counts, top: float, levels: int) -> float:
+    """The clipping threshold for |x| with the least KL divergence between the observed
+    distribution (``counts``: a histogram over [0, ``top``]) and its ``levels``-level
+    quantization, searched over the bin edges from ``levels`` bins up (TensorRT's entropy
+    calibration: values past the threshold count in the last kept bin, as clipping puts them).
+    """
+    hist = np.asarray(counts, np.float64)
+    bins = len(hist)
+    if bins <= levels or hist.sum() == 0:
+        return top
+    best, best_kl = bins, np.inf
+    for edge in range(levels, bins + 1):
+        reference = hist[:edge].copy()
+        reference[-1] += hist[edge:].sum()
+        # The quantized distribution: each of `levels` groups of bins spreads its count evenly
+        # over the group's bins that the reference has (empty ones stay empty).
+        groups = np.minimum((np.arange(edge) * levels) // edge, levels - 1)
+        nonzero = reference > 0
+        group_count = np.bincount(groups, weights=hist[:edge], minlength=levels)
+        group_nonzero = np.bincount(groups, weights=nonzero, minlength=levels)
+        spread = np.where(nonzero, group_count[groups] / np.maximum(group_nonzero[groups], 1), 0.0)
+        if spread.sum() == 0:
+            continue
+        p, q = reference / reference.sum(), _smoothed(spread)
+        mask = p > 0
+        kl = float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
+        if kl < best_kl:
+            best, best_kl = edge, kl
+    return top * best / bins
+
+
+def _smoothed(counts: np.ndarray, eps: float = 1e-8) -> np.ndarray:
+    """``counts`` as a distribution with no empty bin (``eps`` added to each before normalizing),
+    so that a bin only the reference has costs much but not infinitely."""
+    return (counts / counts.sum() + eps) / (1.0 + eps * len(counts))
 
 
 def fake_quantize(x: np.ndarray, params: ActivationParams) -> np.ndarray:
