@@ -104,7 +104,7 @@ def test_a_plan_whose_regions_do_not_lower_builds_the_model_whole(monkeypatch, t
     model = from_proto(nonzero_model(), "nonzero")
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
     the_plan = plan(model, profile(model, [Sample("s", {"x": x})]), load_target("x86_64"),
-                    PlanSettings("symbolic"))
+                    PlanSettings("symbolic"), one_program=False)
 
     def refuse(*args, **kwargs):
         raise ValueError("region region_2 does not import alone")

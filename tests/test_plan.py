@@ -3,7 +3,7 @@ import pytest
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.errors import EdgecError, StageInputError
 from edgec.model import from_proto
-from edgec.plan import Plan, PlanSettings, plan
+from edgec.plan import Plan, PlanSettings, Region, _choices_alike, plan
 from edgec.profile import profile
 from edgec.samples import Sample
 from edgec.targets import load_target
@@ -86,16 +86,38 @@ def test_regions_cut_at_data_dependent_shapes():
 
 
 def test_fixed_policies_per_region(nz_prof):
-    seen = plan(NONZERO, nz_prof, TARGET, PlanSettings(min_share=0.25))
+    seen = plan(NONZERO, nz_prof, TARGET, PlanSettings(min_share=0.25), one_program=False)
     assert [r.name for r in seen.regions] == ["region_0", "region_1", "region_2"]
     assert [[s["dims"] for s in r.specializations] for r in seen.regions] == \
         [[{"batch": 2}, {"batch": 3}], [{"batch": 2}, {"batch": 3}], [{"batch": 2}, {"batch": 3}]]
-    first = plan(NONZERO, nz_prof, TARGET, PlanSettings("specialize-then-generalize"))
+    first = plan(NONZERO, nz_prof, TARGET, PlanSettings("specialize-then-generalize"),
+                 one_program=False)
     assert [len(r.specializations) for r in first.regions] == [1, 1, 1]
     assert all("most frequent" in r.reason for r in first.regions)
-    symbolic = plan(NONZERO, nz_prof, TARGET, PlanSettings("symbolic"))
+    symbolic = plan(NONZERO, nz_prof, TARGET, PlanSettings("symbolic"), one_program=False)
     assert [r.mode for r in symbolic.regions] == ["symbolic"] * 3
     assert symbolic.coverage == 0.0 and first.coverage == pytest.approx(0.6)
+
+
+def test_regions_that_choose_alike_become_one_program(nz_prof):
+    # Every region of a fixed policy chose the same specializations: the cut would only add the
+    # calls between regions, so the plan is one program specialized the same way.
+    for settings, specs in [(PlanSettings(min_share=0.25), [{"batch": 2}, {"batch": 3}]),
+                            (PlanSettings("specialize-then-generalize"), [{"batch": 2}]),
+                            (PlanSettings("symbolic"), [])]:
+        merged = plan(NONZERO, nz_prof, TARGET, settings)
+        assert [r.name for r in merged.regions] == ["main"]
+        assert [s["dims"] for s in merged.regions[0].specializations] == specs
+        assert "one program, not 3 regions" in merged.regions[0].reason
+    # Regions that chose differently keep the cut.
+    region = lambda dims, specs: Region("r", [], "specialized", [{"dims": d} for d in specs],  # noqa: E731
+                                        True, [], "", dims=dims)
+    assert _choices_alike([region(["batch"], [{"batch": 2}]), region(["batch"], [{"batch": 2}]),
+                           region([], [])])
+    assert _choices_alike([region(["batch", "seq"], [{"batch": 1, "seq": 8}]),
+                           region(["batch"], [{"batch": 1}])])
+    assert not _choices_alike([region(["batch"], [{"batch": 2}]), region(["batch"], [])])
+    assert not _choices_alike([region(["batch"], [{"batch": 2}]), region(["batch"], [{"batch": 3}])])
 
 
 def _table(fast_regions: set[int]):

@@ -118,7 +118,7 @@ def evaluate(target: Target, rows: list[dict[str, Any]], holdout: list[str],
         for policy in POLICY_ORDER:
             policy_settings = PlanSettings(policy, settings.max_specializations, settings.min_share)
             the_plan = plan(model, prof, target, policy_settings, cost_model=cost_model, measured=table,
-                            samples=samples)
+                            samples=samples, one_program=False)
             expected = plan_expected_ms(the_plan, model, prof, table)
             by_pass = [plan_expected_ms(the_plan, model, prof, t) for t in pass_tables]
             policies[policy] = {

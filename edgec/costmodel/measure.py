@@ -69,7 +69,8 @@ def all_options_plan(model: Model, prof: Profile, target: Target, max_specializa
     from ..plan import region_padding
     from .decide import padded_space, region_space
 
-    base = plan(model, prof, target, PlanSettings("specialize-seen", max_specializations, 0.0))
+    base = plan(model, prof, target, PlanSettings("specialize-seen", max_specializations, 0.0),
+                one_program=False)
     distribution = prof.shape_distribution()
     whole = len(base.regions) == 1
     regions = []
