@@ -124,6 +124,12 @@ def _import_tvm_ffi() -> Any:
     return tvm_ffi
 
 
+# Spin iterations of an idle OpenMP thread before it sleeps (libgomp's GOMP_SPINCOUNT; its own
+# default is 300000 and PASSIVE is 0): a few hundred microseconds, enough to span the gap between
+# two oneDNN kernels of one call.
+OMP_SPIN_COUNT = "10000"
+
+
 def _ensure_runtime(threads: int, tvm_threads: int | None = None) -> Any:
     """Load libtvm_runtime once per process and return the ``tvm_ffi`` module.
 
@@ -133,10 +139,13 @@ def _ensure_runtime(threads: int, tvm_threads: int | None = None) -> Any:
     # The VM's thread pool reads this once, when it starts; it otherwise runs one thread.
     os.environ.setdefault("TVM_NUM_THREADS", str(tvm_threads or threads))
     # Libraries with oneDNN run its kernels on OpenMP threads (read when libgomp loads, with the
-    # model library). Spinning OpenMP threads between kernels made a small CNN 550x slower (72 ms
-    # against 0.13 ms) while other processes kept the 2 cores busy: they sleep instead.
+    # model library). Between kernels they spin a bounded while, then sleep: spinning forever
+    # (OMP_WAIT_POLICY=ACTIVE) made a small CNN 550x slower while other processes kept the 2 cores
+    # busy, and sleeping at once (PASSIVE) paid a thread wake-up per kernel: shufflenet 8.6 ms
+    # against 3.9 ms with this spin count, same machine, quiet (edgec.cc does the same).
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:  # PASSIVE or ACTIVE would override the spin count
+        os.environ.setdefault("GOMP_SPINCOUNT", OMP_SPIN_COUNT)
     tvm_ffi = _import_tvm_ffi()
 
     if not _runtime_loaded:
