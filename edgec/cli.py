@@ -213,15 +213,25 @@ def _make_plan(loaded, prof, target, settings, samples_path):
 
 def _targets_or_default(names: tuple[str, ...]):
     """The targets named, or the best one this machine runs; and how they were chosen."""
-    from .targets import default_target, load_target
+    from .targets import load_target
 
     if names:
         return [load_target(t) for t in names], "given"
+    target = _target_or_default(None)
+    return [target], (f"default: {target.name}, the target with the most CPU features the build "
+                      f"machine has")
+
+
+def _target_or_default(name: str | None):
+    """The target named, or the best one this machine runs (said on stderr)."""
+    from .targets import default_target, load_target
+
+    if name is not None:
+        return load_target(name)
     target = default_target()
     click.echo(f"target: {target.name} (default: the target with the most CPU features this "
                f"machine has)", err=True)
-    return [target], (f"default: {target.name}, the target with the most CPU features the build "
-                      f"machine has")
+    return target
 
 
 @cli.command("quantize")
@@ -599,7 +609,7 @@ def costmodel() -> None:
 
 
 @costmodel.command("collect")
-@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
 @click.option("--models", default="", help="Comma-separated zoo models (default: the dynamic ones).")
 @click.option("--passes", default=3, show_default=True, type=int,
               help="Independent build+time passes per model (their spread is the noise).")
@@ -608,34 +618,32 @@ def costmodel() -> None:
               help="Batches per option, interleaved; the least batch median is kept.")
 @click.option("--max-specializations", default=3, show_default=True, type=int,
               help="Hot shapes compiled static per region.")
-def costmodel_collect(target: str, models: str, passes: int, runs: int, batches: int,
+def costmodel_collect(target: str | None, models: str, passes: int, runs: int, batches: int,
                       max_specializations: int) -> None:
     """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
     _kernels_on_calling_thread()
     from .costmodel.collect import collect
     from .costmodel.store import measurements_path
-    from .targets import load_target
 
     if passes < 1 or runs < 1 or batches < 1:
         raise EdgecError("--passes, --runs and --batches must be at least 1")
-    loaded = load_target(target)
+    loaded = _target_or_default(target)
     names = [n.strip() for n in models.split(",") if n.strip()] or None
     collect(loaded, names, passes, max_specializations, runs, batches, progress=click.echo)
     click.echo(f"appended to {measurements_path(loaded)}")
 
 
 @costmodel.command("train")
-@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the model (default: autotune/<target>/costmodel.json).")
-def costmodel_train(target: str, output: Path | None) -> None:
+def costmodel_train(target: str | None, output: Path | None) -> None:
     """Fit the cost model on the target's measurements; the learner is picked by held-out error."""
     from .costmodel.evaluate import _best_rows
     from .costmodel.model import default_path, fit
     from .costmodel.store import load_measurements
-    from .targets import load_target
 
-    loaded = load_target(target)
+    loaded = _target_or_default(target)
     rows = load_measurements(loaded)
     regions = _best_rows([r for r in rows if r.get("kind") == "region" and r["target"] == loaded.name])
     builds = [r for r in rows if r.get("kind") == "build" and r["target"] == loaded.name]
@@ -648,22 +656,21 @@ def costmodel_train(target: str, output: Path | None) -> None:
 
 
 @costmodel.command("eval")
-@click.option("--target", default="x86_64", show_default=True, help="A target name or .toml file.")
+@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
 @click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
                                                           "every measured model).")
 @click.option("--max-specializations", default=3, show_default=True, type=int)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the result: NAME.json and NAME.md.")
-def costmodel_eval(target: str, holdout: tuple[str, ...], max_specializations: int,
+def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,
                    output: Path | None) -> None:
     """Leave-one-model-out: Spearman, MAPE and each policy's measured expected latency."""
     from .costmodel.evaluate import evaluate, render
     from .costmodel.store import load_measurements
     from .fileio import write_text
     from .plan import PlanSettings
-    from .targets import load_target
 
-    loaded = load_target(target)
+    loaded = _target_or_default(target)
     rows = load_measurements(loaded)
     measured_models = sorted({r["model"] for r in rows if r.get("kind") == "region"})
     names = list(holdout) or measured_models

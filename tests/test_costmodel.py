@@ -147,15 +147,19 @@ def test_costmodel_saves_as_json_and_a_missing_one_is_a_clear_error(tmp_path, mo
         plan(MLP, profile(MLP, samples), TARGET, PlanSettings("auto"))
 
 
-def test_the_committed_x86_64_model_loads_and_plans():
-    if not default_path(TARGET).is_file():
-        pytest.fail("autotune/x86_64/costmodel.json is not committed")
+@pytest.mark.parametrize("name", ["x86_64", "x86_64-avx512"])
+def test_the_committed_x86_models_load_and_plan(name):
+    """Both x86 targets have a model: x86_64-avx512 is `edgec plan`'s default on an AVX-512
+    machine, so without one there `--policy auto` would fail on the default target."""
+    target = load_target(name)
+    if not default_path(target).is_file():
+        pytest.fail(f"autotune/{name}/costmodel.json is not committed")
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
     prof = profile(MLP, samples)
-    result = plan(MLP, prof, TARGET, PlanSettings("auto"))
+    result = plan(MLP, prof, target, PlanSettings("auto"))
     assert result.predicted["expected_ms"] > 0 and result.regions[0].options
     # A fixed policy decides alone but still records what the model predicts of its plan.
-    fixed = plan(MLP, prof, TARGET, PlanSettings("symbolic"))
+    fixed = plan(MLP, prof, target, PlanSettings("symbolic"))
     assert fixed.predicted["expected_ms"] > 0 and not fixed.regions[0].specializations
     assert fixed.summary()["regions"][0]["predicted_ms"]
 
@@ -188,3 +192,16 @@ def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
     stored = load_measurements(TARGET)
     assert len(stored) == 6 and all(r["source"] == "bench" and r["features"] for r in stored)
     assert stored[0]["predicted_ms"] == rows[0]["predicted_ms"] and stored[0]["ms"] == rows[0]["measured_ms"]
+
+
+def test_costmodel_commands_default_to_the_machines_target(capsys, monkeypatch):
+    """Like `edgec plan`, the costmodel commands take the target with the most CPU features this
+    machine has when none is given, so what they collect and train is what plan looks up."""
+    from edgec.cli import main
+    from edgec.targets import default_target
+
+    monkeypatch.delenv("EDGEC_MEASUREMENTS_DIR")  # the committed stores; eval only reads them
+    assert main(["costmodel", "eval", "--holdout", "cnn_batch"]) == 0
+    out, err = capsys.readouterr()
+    assert f"target: {default_target().name} (default" in err
+    assert f"target {default_target().name}" in out and "cnn_batch" in out
