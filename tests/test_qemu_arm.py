@@ -56,7 +56,7 @@ def arm_host() -> Path:
 
 def run_on_arm(host: Path, artifact: Path, inputs: dict, workdir: Path, target: str | None):
     """Outputs of the aarch64 host under qemu; ``target=None`` lets the host pick by its arch."""
-    return run_host(host, artifact, inputs, workdir, prefix=[QEMU, "-L", str(SYSROOT)],
+    return run_host(host, artifact, inputs, workdir, prefix=remote.qemu_prefix(ARM),
                     extra=["--target", target] if target else [])
 
 
