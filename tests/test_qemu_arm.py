@@ -226,3 +226,25 @@ def test_xnnpack_odd_convolutions_match_onnxruntime_under_qemu(arm_host, tmp_pat
     for index, sample in enumerate(samples[:1] + [{"x": samples[0]["x"][:1]}]):
         got = run_on_arm(arm_host, path, sample, tmp_path / str(index), ARM.name)
         compare(got, onnxruntime_outputs(proto, sample), "odd_convs", "onnxruntime")
+
+
+def test_xnnpack_shim_copies_inputs_that_end_at_an_unreadable_page(tmp_path):
+    """XNNPACK reads up to XNN_EXTRA_BYTES past an input: tests/native/xnnpack_slack.cc calls the
+    shim's dense, conv and depthwise conv on inputs that end where a PROT_NONE page begins.
+    Without the shim's padded copy the depthwise conv faults there (measured); with it, all
+    three match plain loops."""
+    import tvm_ffi.libinfo
+
+    shim = native.xnnpack_shim(ARM.cross_compiler)
+    ffi_dir = aarch64_runtime_libraries()[1]
+    program = tmp_path / "xnnpack_slack"
+    source = Path(__file__).resolve().parent / "native" / "xnnpack_slack.cc"
+    include = tvm_ffi.libinfo.find_include_path()
+    subprocess.run([ARM.cross_compiler, "-std=c++17", "-O1", f"-I{include}",
+                    str(source), *shim.objects, f"-L{ffi_dir}", f"-Wl,-rpath,{ffi_dir}",
+                    "-ltvm_ffi", *shim.link_args, "-o", str(program)],
+                   check=True, capture_output=True)
+    result = subprocess.run([*remote.qemu_prefix(ARM), str(program)], capture_output=True,
+                            text=True, timeout=120)
+    print(result.stdout.strip())
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
