@@ -77,13 +77,14 @@ def dnnl_shim(compiler: str = "g++") -> NativeAddon:
 
 def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
     """The XNNPACK shim (``edgec/native/xnnpack_shim.cc``) compiled with ``compiler`` (the
-    target's cross compiler), linking ``libXNNPACK`` and ``libpthreadpool`` of its sysroot.
+    target's cross compiler), linking the ``libXNNPACK`` and ``libpthreadpool`` it finds (Debian's
+    arm64 packages, in /usr/lib/aarch64-linux-gnu on the cross compiler's search path).
 
     Raises ToolchainError, in one line naming the Debian package and how to install it, when
     XNNPACK's or pthreadpool's header or library is missing.
     """
-    hints = {header: f"install {package}: {XNNPACK_INSTALL}"
-             for header, package in XNNPACK_PACKAGES.items()}
+    hints = {name: f"install {package}: {XNNPACK_INSTALL}"
+             for name, package in XNNPACK_PACKAGES.items()}
     obj = _compile_object(NATIVE_DIR / "xnnpack_shim.cc", compiler,
                           missing_header_hint=hints["xnnpack.h"], header="xnnpack.h",
                           other_headers={"pthreadpool.h": hints["pthreadpool.h"]})
