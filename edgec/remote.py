@@ -292,19 +292,35 @@ def _file_name(name: str) -> str:
     return "_" + safe if not safe or safe.startswith(".") else safe
 
 
+def qemu_prefix(target: Target) -> list[str]:
+    """The command line that starts a program built for ``target`` under qemu user emulation
+    (the program and its arguments follow).
+
+    ``-L`` points qemu at the target's sysroot for the dynamic loader and the C/C++ libraries;
+    ``-E LD_LIBRARY_PATH=<sysroot>/lib`` makes the loader take them from there too. Without it,
+    on a machine with Debian's arm64 ``libc6`` installed (which the arm64 XNNPACK packages bring),
+    the loader follows the host's ld.so.cache to ``/usr/lib/aarch64-linux-gnu``'s C library, a
+    build other than the sysroot's loader, and the program hangs or fails to load. Libraries the
+    sysroot lacks (XNNPACK, pthreadpool) are still found through that cache.
+    Raises ToolchainError, in one line, when qemu or the sysroot is missing.
+    """
+    qemu = target.run.get("qemu", "qemu-aarch64")
+    sysroot = target.run.get("sysroot", "/usr/aarch64-linux-gnu")
+    if shutil.which(qemu) is None or not Path(sysroot).is_dir():
+        raise ToolchainError(f"target '{target.name}' runs under {qemu} with the sysroot {sysroot}: "
+                             f"install them (scripts/install-system-deps.sh cross)")
+    return [qemu, "-L", sysroot, "-E", f"LD_LIBRARY_PATH={Path(sysroot) / 'lib'}"]
+
+
 def load_qemu(path: str | Path, target: Target, require_signature: Any = None) -> QemuModel:
     """Verify the artifact here, then prepare to run ``target``'s library under qemu."""
     manifest = runtime.open_artifact(path, require_signature).manifest
     if target.name not in manifest["libraries"]:
         raise ArtifactError(f"'{path}' has no library for target '{target.name}'; it has "
                             f"{', '.join(manifest['libraries'])}")
-    qemu = target.run.get("qemu", "qemu-aarch64")
-    sysroot = target.run.get("sysroot", "/usr/aarch64-linux-gnu")
-    if shutil.which(qemu) is None or not Path(sysroot).is_dir():
-        raise ToolchainError(f"target '{target.name}' runs under {qemu} with the sysroot {sysroot}: "
-                             f"install them (scripts/install-system-deps.sh cross)")
+    prefix = qemu_prefix(target)
     host = cpp_host(target.cross_compiler or "g++", aarch64_runtime_libraries())
-    command = [qemu, "-L", sysroot, str(host), str(Path(path).resolve()), "--target", target.name]
+    command = [*prefix, str(host), str(Path(path).resolve()), "--target", target.name]
     threads = int(target.run.get("threads", 0))
     if threads:
         command += ["--threads", str(threads)]

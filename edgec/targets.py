@@ -19,6 +19,7 @@ TARGETS_DIR = Path(__file__).resolve().parent.parent / "targets"
 AUTOTUNE_DIR = Path(__file__).resolve().parent.parent / "autotune"
 KNOWN_KINDS = ("llvm", "cuda")
 KNOWN_RUN_MODES = ("local", "qemu", "rpc")
+KNOWN_LIBRARIES = ("dnnl", "xnnpack")  # [libraries]: oneDNN (x86), XNNPACK (aarch64)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Target:
     # CPU features (as /proc/cpuinfo names them) the compiled code uses: the runtime refuses to
     # load the library on a CPU without them instead of dying on an illegal instruction.
     cpu_features: tuple[str, ...] = ()
-    # Native libraries its kernels may call, e.g. {"dnnl": True}.
+    # Native libraries its kernels may call: {"dnnl": True} (x86) or {"xnnpack": True} (aarch64).
     libraries: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -78,6 +79,9 @@ def parse_target(doc: dict[str, Any], where: str) -> Target:
     if isinstance(doc.get("build"), dict):
         # A misspelt cross_compiler would silently build for the host instead.
         _check_keys(doc["build"], {"cross_compiler"}, where, "build.")
+    if isinstance(doc.get("libraries"), dict):
+        # A misspelt library would silently leave its ops to TVM's untuned kernels.
+        _check_keys(doc["libraries"], set(KNOWN_LIBRARIES), where, "libraries.")
     kind = _require(doc, "kind", str, where)
     if kind not in KNOWN_KINDS:
         raise TargetError(f"target file '{where}': kind '{kind}' unknown; known: {', '.join(KNOWN_KINDS)}")

@@ -4,12 +4,14 @@
 #   build    g++ (links model libraries, builds edgec/native/), libdnnl-dev (oneDNN: convolutions
 #            and matmuls on x86 targets with [libraries] dnnl = true; devices then need libdnnl2)
 #   cross    make, g++-aarch64-linux-gnu + libc6-dev-arm64-cross (aarch64 libraries and C++ host),
-#            qemu-user (runs them here), python3-venv (the runtime-only wheel's test venv)
+#            libxnnpack-dev:arm64 + libpthreadpool-dev:arm64 (XNNPACK: convolutions and matmuls
+#            on the arm64 targets; adds the arm64 architecture to dpkg), qemu-user (runs them
+#            here), python3-venv (the runtime-only wheel's test venv)
 #   report   chromium (the HTML report's screenshot test)
 set -euo pipefail
 declare -A groups=(
     [build]="g++ libdnnl-dev"
-    [cross]="make g++-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3-venv"
+    [cross]="make g++-aarch64-linux-gnu libc6-dev-arm64-cross libxnnpack-dev:arm64 libpthreadpool-dev:arm64 qemu-user python3-venv"
     [report]="chromium"
 )
 packages=()
@@ -35,6 +37,16 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
+# Packages of another architecture (libxnnpack-dev:arm64) need it enabled in dpkg first.
+for package in "${missing[@]}"; do
+    if [[ "$package" == *:* ]]; then
+        arch="${package##*:}"
+        if [ "$arch" != "$(dpkg --print-architecture)" ] \
+                && ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
+            dpkg --add-architecture "$arch"
+        fi
+    fi
+done
 apt-get update -qq
 # debconf notes the missing apt-utils on stderr: noise, not an error.
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2> >(grep -v "^debconf: delaying" >&2)

@@ -1,5 +1,6 @@
-"""The oneDNN library dispatch: the Relax rewrite (IR checks, no oneDNN needed) and compiled
-models against onnxruntime (skipped when oneDNN's development files are not installed)."""
+"""The library dispatch: the Relax rewrite for oneDNN and XNNPACK (IR checks, no library
+needed), the choice of route per target, and compiled models against onnxruntime (skipped when
+oneDNN's development files are not installed; XNNPACK's run under qemu in test_qemu_arm.py)."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ import onnxruntime as ort
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
 
 from edgec.build import build
 from edgec.compiler import codegen, native
 from edgec.compiler.dispatch import add_shape_dispatch
 from edgec.compiler.frontend import import_onnx
 from edgec.compiler.library_dispatch import DispatchRules, dispatch_with_stats
-from edgec.errors import ToolchainError
+from edgec.errors import CompileError, TargetError, ToolchainError
 from edgec.model import from_proto
 import edgec.runtime
 from edgec.plan import PlanSettings, plan
 from edgec.profile import profile
 from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.targets import load_target, parse_target
 
 
 def _dnnl_missing() -> str | None:
@@ -204,6 +206,132 @@ def test_rewrite_reaches_specializations_fallback_and_if_branches():
     out, stats = dispatch_with_stats(import_onnx(from_proto(if_model(), "branches")))
     assert stats.calls == {"edgec_dnnl_conv2d": 2}
     assert "R.nn.conv2d" not in out.script(show_meta=False)
+
+
+def _library_calls(mod: tvm.IRModule) -> list[tuple[str, tuple]]:
+    """(symbol, output shape) of every library call in ``mod``'s Relax functions."""
+    found = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name == "relax.call_dps_packed"):
+            shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d)
+                          for d in expr.ty.shape.values)
+            found.append((str(expr.args[0].global_symbol), shape))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def test_xnn_rules_send_the_same_ops_to_xnnpack_in_nhwc():
+    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    out, stats = dispatch_with_stats(mod, DispatchRules(library="xnn"))
+    # The ops oneDNN takes (BN folded into the first conv, the Sum residual into the second).
+    assert stats.calls == {"edgec_xnn_conv2d": 5, "edgec_xnn_conv2d_add": 1, "edgec_xnn_dense": 1}
+    calls = _library_calls(out)
+    assert all(name.startswith("edgec_xnn_") for name, _ in calls)
+    # Every convolution writes NHWC as [N, 1, H, W, C], the grouped and depthwise ones included:
+    # XNNPACK has no blocked layouts, so 16- and 24-channel tensors are not blocked either.
+    convs = [shape for name, shape in calls if "conv2d" in name]
+    assert len(convs) == 6 and all(len(s) == 5 and s[1] == 1 for s in convs), convs
+    assert {s[4] for s in convs} == {16, 24, 32, 8}
+    text = out.script(show_meta=False)
+    assert 'layout="NCHW16c"' in text  # the max pool on the 16-channel NHWC tensor, in TVM
+    assert "R.take" in _ops(out) and "R.permute_dims" not in _ops(out)  # shuffle on NHWC
+    assert _ops(out).count("R.layout_transform") <= 2  # only the image in, and before flatten
+
+
+def test_xnn_rules_without_layout_keep_nchw():
+    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    out, stats = dispatch_with_stats(mod, DispatchRules(library="xnn", block=0))
+    assert sum(stats.calls.values()) == 7
+    assert "R.layout_transform" not in _ops(out)
+    assert all(len(shape) in (2, 4) for _, shape in _library_calls(out))
+
+
+def test_dispatch_rules_refuse_an_unknown_library():
+    with pytest.raises(ValueError, match="known: dnnl, xnn"):
+        DispatchRules(library="acl")
+
+
+def _target(name: str, **changes):
+    return dataclasses.replace(load_target(name), **changes)
+
+
+def test_codegen_picks_the_library_route_from_the_target_file():
+    for name in ("arm64-cortex-a72", "arm64-cortex-a76"):
+        rules = codegen.library_rules(load_target(name))
+        assert rules is not None and rules.library == "xnn" and rules.nhwc, name
+    x86 = codegen.library_rules(load_target("x86_64"))
+    assert x86.library == "dnnl" and x86.block == 8 and not x86.nhwc
+    assert codegen.library_rules(_target("x86_64", libraries={})) is None
+    with pytest.raises(CompileError, match="both"):
+        codegen.library_rules(_target("x86_64", libraries={"dnnl": True, "xnnpack": True}))
+    with pytest.raises(CompileError, match="xnnpack is for aarch64"):
+        codegen.library_rules(_target("x86_64", libraries={"xnnpack": True}))
+    assert set(codegen.SHIMS) == {"dnnl", "xnn"}
+
+
+def test_target_file_with_a_misspelt_library_is_refused():
+    doc = {"name": "t", "kind": "llvm", "arch": "aarch64", "tvm": {"kind": "llvm"},
+           "libraries": {"xnnpak": True}}
+    with pytest.raises(TargetError, match="did you mean 'libraries.xnnpack'"):
+        parse_target(doc, "t.toml")
+
+
+def _fake_cross_compiler(tmp_path: Path, missing: str) -> Path:
+    """A stand-in for aarch64-linux-gnu-g++ on a machine without XNNPACK's arm64 packages: it
+    fails like GCC on the missing header, and finds no library."""
+    script = tmp_path / "fake-aarch64-g++"
+    script.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        '  --version) echo "fake-g++ 1.0 (missing ' + missing + ')";;\n'
+        '  -print-file-name=*) echo "${1#-print-file-name=}";;\n'
+        '  *) echo "/usr/include/xnnpack.h:15:10: fatal error: ' + missing
+        + ': No such file or directory" >&2; exit 1;;\n'
+        "esac\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("header,package", [("xnnpack.h", "libxnnpack-dev:arm64"),
+                                            ("pthreadpool.h", "libpthreadpool-dev:arm64")])
+def test_missing_xnnpack_packages_are_one_line_errors(tmp_path, monkeypatch, header, package):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(ToolchainError) as info:
+        native.xnnpack_shim(str(_fake_cross_compiler(tmp_path, header)))
+    message = str(info.value)
+    assert "\n" not in message and f"'{header}' not found" in message
+    assert package in message and "apt-get install" in message
+    assert "dpkg --add-architecture arm64" in message
+
+
+def test_missing_xnnpack_library_is_a_one_line_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_compile_object", lambda *a, **k: tmp_path / "shim.o")
+    with pytest.raises(ToolchainError) as info:
+        native.xnnpack_shim(str(_fake_cross_compiler(tmp_path, "nothing")))
+    message = str(info.value)
+    assert "\n" not in message and "libXNNPACK.so" in message and "libxnnpack-dev:arm64" in message
+
+
+def test_compile_without_xnnpack_is_a_one_line_cli_error(mlp_dir, tmp_path, capfd, monkeypatch):
+    from test_hardening import check_cli_error
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fake = _fake_cross_compiler(tmp_path, "pthreadpool.h")
+    target = tmp_path / "pi4.toml"
+    target.write_text(Path(load_target("arm64-cortex-a72").source).read_text().replace(
+        'cross_compiler = "aarch64-linux-gnu-g++"', f'cross_compiler = "{fake}"'))
+    out = tmp_path / "out" / "a.edgec"
+    out.parent.mkdir()
+    args = ["compile", mlp_dir / "model.onnx", "--samples", mlp_dir / "samples",
+            "--target", target, "-o", out]
+    message = check_cli_error(args, ToolchainError, out, capfd, monkeypatch)
+    assert "libpthreadpool-dev:arm64" in message and "apt-get install" in message
 
 
 def test_erf_and_softmax_become_vectorizable_kernels_before_legalization():

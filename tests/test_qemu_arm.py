@@ -1,8 +1,9 @@
 """ARM for real on an x86 machine: artifacts built for ``arm64-cortex-a72`` (and ``-a76``) run
 under qemu user emulation in the C++ host cross-compiled against the aarch64 TVM wheels' runtime
-libraries, and match the x86 library of the same artifact.
+libraries, and match the x86 library of the same artifact, and onnxruntime. Their convolutions
+and matmuls run in XNNPACK (the targets' ``[libraries] xnnpack``).
 
-Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64`` and the aarch64 sysroot
+Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64``, the aarch64 sysroot and Debian's arm64 XNNPACK
 (``scripts/install-system-deps.sh cross``), and the aarch64 wheels of the pinned apache-tvm and
 apache-tvm-ffi, which it downloads once into ``~/.cache/edgec``.
 """
@@ -15,9 +16,12 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from edgec import remote, runtime, zoo
+from edgec.compiler import codegen, native
+from edgec.compiler.library_dispatch import DispatchRules
 from edgec.errors import ToolchainError
 from edgec.runtime.artifact import Artifact
 from edgec.targets import load_target
@@ -49,6 +53,16 @@ def aarch64_runtime_libraries() -> tuple[Path, Path]:
         pytest.skip(str(exc))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def xnnpack() -> None:
+    """The arm64 targets send convolutions and matmuls to XNNPACK: without its arm64 packages
+    they do not build, so every test here skips, saying what to install."""
+    try:
+        native.xnnpack_shim(ARM.cross_compiler)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="module")
 def arm_host() -> Path:
     return build_host(ARM.cross_compiler, aarch64_runtime_libraries())
@@ -56,20 +70,39 @@ def arm_host() -> Path:
 
 def run_on_arm(host: Path, artifact: Path, inputs: dict, workdir: Path, target: str | None):
     """Outputs of the aarch64 host under qemu; ``target=None`` lets the host pick by its arch."""
-    return run_host(host, artifact, inputs, workdir, prefix=[QEMU, "-L", str(SYSROOT)],
+    return run_host(host, artifact, inputs, workdir, prefix=remote.qemu_prefix(ARM),
                     extra=["--target", target] if target else [])
 
 
-def compare(got: dict, expected: dict, label: str) -> None:
-    """Assert that the outputs agree within TOLERANCE of their scale; print the differences."""
+def compare(got: dict, expected: dict, label: str, reference: str = "x86") -> float:
+    """Assert that the outputs agree within TOLERANCE of their scale; print the differences and
+    return the largest."""
     assert sorted(got) == sorted(expected)
+    worst = 0.0
     for name, value in expected.items():
         assert got[name].shape == value.shape and got[name].dtype == value.dtype, name
         scale = max(1.0, float(np.abs(value).max(initial=0.0)))
         diff = float(np.abs(got[name] - value).max(initial=0.0))
-        print(f"{label} {name}{list(value.shape)}: max abs diff vs x86 {diff:.3g} "
+        print(f"{label} {name}{list(value.shape)}: max abs diff vs {reference} {diff:.3g} "
               f"(scale {scale:.3g})")
         assert diff <= TOLERANCE * scale, (label, name, diff)
+        worst = max(worst, diff)
+    return worst
+
+
+def onnxruntime_outputs(proto, inputs: dict) -> dict:
+    """onnxruntime's outputs on this machine, keyed as the C++ host names its output files."""
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return {remote._file_name(n): v for n, v in zip(names, session.run(None, inputs))}
+
+
+def check_xnnpack_library(path: Path) -> None:
+    """The artifact's arm64 library calls XNNPACK and its manifest says what it needs."""
+    entry = Artifact.load(path).manifest["libraries"][ARM.name]
+    assert entry["native_dependencies"] == ["libXNNPACK.so.0", "libpthreadpool.so.0"]
+    assert any(f.startswith("edgec_xnn_conv2d") for f in entry["linked_functions"])
+    assert not any(f.startswith("edgec_dnnl_") for f in entry["linked_functions"])
 
 
 def test_compile_cli_makes_a_multi_target_artifact_that_runs_under_qemu(arm_host, tmp_path):
@@ -122,3 +155,96 @@ def test_dynamic_zoo_models_match_x86_under_qemu(arm_host, tmp_path, name):
     for index, sample in enumerate(samples):
         got = run_on_arm(arm_host, path, sample, tmp_path / str(index), "arm64-cortex-a72")
         compare(got, x86.run(sample), f"{name} arm64-cortex-a72")
+
+
+@pytest.mark.parametrize("name", ["cnn", "squeezenet_rand"])
+def test_xnnpack_zoo_cnn_matches_onnxruntime_under_qemu(arm_host, tmp_path, name):
+    """A zoo CNN built for the Cortex-A72 alone: its convolutions and matmuls in XNNPACK (NHWC
+    between them), run under qemu, give onnxruntime's outputs."""
+    path, samples = zoo_artifact(name, [ARM.name], tmp_path)
+    check_xnnpack_library(path)
+    proto = zoo.get(name).make_model(0)
+    for index, sample in enumerate(samples[:2]):
+        got = run_on_arm(arm_host, path, sample, tmp_path / str(index), ARM.name)
+        compare(got, onnxruntime_outputs(proto, sample), f"{name} {ARM.name} xnnpack",
+                "onnxruntime")
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nchw"])
+def test_xnnpack_conv_patterns_match_onnxruntime_under_qemu(arm_host, tmp_path, monkeypatch,
+                                                            layout):
+    """Every pattern of the dispatch (BN folded, residual add + relu, grouped, depthwise strided,
+    channel shuffle, a 40-channel concat, Gemm) in XNNPACK, at the profiled batch and through the
+    symbolic fallback; NHWC between library calls, or NCHW transposed inside the shim."""
+    from test_library_dispatch import cnn_model
+
+    if layout == "nchw":
+        monkeypatch.setattr(codegen, "xnnpack_rules",
+                            lambda target: DispatchRules(library="xnn", block=0))
+    proto = cnn_model()
+    rng = np.random.default_rng(7)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(3)]
+    path = build_artifact(proto, "cnn_ops", samples, [ARM.name], tmp_path)
+    check_xnnpack_library(path)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        got = run_on_arm(arm_host, path, {"x": x}, tmp_path / str(batch), ARM.name)
+        compare(got, onnxruntime_outputs(proto, {"x": x}), f"cnn_ops[{layout}] batch {batch}",
+                "onnxruntime")
+
+
+def odd_conv_model(seed: int = 0):
+    """x[batch, 8, 13, 11] -> two outputs through convolutions the other models lack: asymmetric
+    padding with dilation 2 and strides (1, 2) and a bias, no activation; a depthwise conv with
+    channel multiplier 2 whose output feeds a 1x1 conv and its residual add, no relu."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {"wa": (16, 8, 3, 3), "ba": (16,), "wm": (16, 1, 3, 3), "wc": (16, 16, 1, 1)}
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), n)
+             for n, s in weights.items()]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "wa", "ba"], ["y1"], pads=[0, 1, 2, 1],
+                          dilations=[2, 2], strides=[1, 2]),
+         helper.make_node("Conv", ["x", "wm"], ["m"], group=8, pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["m", "wc"], ["c"]),
+         helper.make_node("Add", ["c", "m"], ["y2"])],
+        "odd_convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, 13, 11])],
+        [helper.make_tensor_value_info("y1", TensorProto.FLOAT, ["batch", 16, 11, 5]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["batch", 16, 13, 11])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_xnnpack_odd_convolutions_match_onnxruntime_under_qemu(arm_host, tmp_path):
+    proto = odd_conv_model()
+    rng = np.random.default_rng(9)
+    samples = [{"x": rng.standard_normal((2, 8, 13, 11)).astype(np.float32)} for _ in range(2)]
+    path = build_artifact(proto, "odd_convs", samples, [ARM.name], tmp_path)
+    check_xnnpack_library(path)
+    for index, sample in enumerate(samples[:1] + [{"x": samples[0]["x"][:1]}]):
+        got = run_on_arm(arm_host, path, sample, tmp_path / str(index), ARM.name)
+        compare(got, onnxruntime_outputs(proto, sample), "odd_convs", "onnxruntime")
+
+
+def test_xnnpack_shim_copies_inputs_that_end_at_an_unreadable_page(tmp_path):
+    """XNNPACK reads up to XNN_EXTRA_BYTES past an input: tests/native/xnnpack_slack.cc calls the
+    shim's dense, conv and depthwise conv on inputs that end where a PROT_NONE page begins.
+    Without the shim's padded copy the depthwise conv faults there (measured); with it, all
+    three match plain loops."""
+    import tvm_ffi.libinfo
+
+    shim = native.xnnpack_shim(ARM.cross_compiler)
+    ffi_dir = aarch64_runtime_libraries()[1]
+    program = tmp_path / "xnnpack_slack"
+    source = Path(__file__).resolve().parent / "native" / "xnnpack_slack.cc"
+    include = tvm_ffi.libinfo.find_include_path()
+    subprocess.run([ARM.cross_compiler, "-std=c++17", "-O1", f"-I{include}",
+                    str(source), *shim.objects, f"-L{ffi_dir}", f"-Wl,-rpath,{ffi_dir}",
+                    "-ltvm_ffi", *shim.link_args, "-o", str(program)],
+                   check=True, capture_output=True)
+    result = subprocess.run([*remote.qemu_prefix(ARM), str(program)], capture_output=True,
+                            text=True, timeout=120)
+    print(result.stdout.strip())
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]

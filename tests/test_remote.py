@@ -37,11 +37,27 @@ def test_output_file_names_follow_the_cpp_host():
 _missing = [t for t in (ARM.cross_compiler, ARM.run["qemu"], "make") if shutil.which(t) is None]
 
 
+def test_qemu_prefix_takes_the_c_library_from_the_sysroot():
+    if shutil.which(ARM.run["qemu"]) is None or not Path(ARM.run["sysroot"]).is_dir():
+        pytest.skip("needs qemu-aarch64 and the aarch64 sysroot "
+                    "(scripts/install-system-deps.sh cross)")
+    sysroot = ARM.run["sysroot"]
+    assert remote.qemu_prefix(ARM) == [ARM.run["qemu"], "-L", sysroot,
+                                       "-E", f"LD_LIBRARY_PATH={sysroot}/lib"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(bool(_missing) or not Path(ARM.run["sysroot"]).is_dir(),
                     reason=f"needs {', '.join(_missing) or ARM.run['sysroot']} "
                            f"(scripts/install-system-deps.sh cross)")
 def test_qemu_run_and_bench_cli_match_x86(tmp_path):
+    from edgec.compiler import native
+    from edgec.errors import ToolchainError
+
+    try:  # the arm64 targets' convolutions go to XNNPACK
+        native.xnnpack_shim(ARM.cross_compiler)
+    except ToolchainError as exc:
+        pytest.skip(str(exc))
     zoo.export("cnn", tmp_path / "cnn")
     model, samples = tmp_path / "cnn" / "model.onnx", tmp_path / "cnn" / "samples"
     artifact = tmp_path / "cnn.edgec"

@@ -4,9 +4,9 @@ Adding a kind of target (CUDA, say) is adding a class to ``CODEGENS``; target fi
 their ``kind`` field.
 
 The LLVM codegen sends convolutions and matmuls to oneDNN when the target file says
-``[libraries] dnnl = true`` (``library_dispatch``), then compiles the rest with TVM's CPU
-pipeline plus fusion and simple vectorizing schedules (``cpu_pipeline``): TVM's own default CPU
-build neither fuses nor schedules.
+``[libraries] dnnl = true``, or to XNNPACK (aarch64 targets) when it says ``xnnpack = true``
+(``library_dispatch``), then compiles the rest with TVM's CPU pipeline plus fusion and simple
+vectorizing schedules (``cpu_pipeline``): TVM's own default CPU build neither fuses nor schedules.
 """
 
 from __future__ import annotations
@@ -108,17 +108,21 @@ class LLVMCodegen:
 
         With ``[libraries] dnnl = true`` in the target file, convolutions and matmuls go to
         oneDNN through edgec's shim, linked into the library; the library then needs
-        ``libdnnl.so.2`` on the device, which ``native_dependencies`` records. ``edgec tune``
+        ``libdnnl.so.2`` on the device, which ``native_dependencies`` records. With
+        ``xnnpack = true`` (aarch64 targets) they go to XNNPACK likewise, and the library needs
+        ``libXNNPACK.so.0`` and ``libpthreadpool.so.0``. ``edgec tune``
         starts from this module too, so it tunes exactly the kernels TVM still generates.
         ``library_rewrite`` (quantization's hook) rewrites the module right after library
         dispatch and returns the native code its calls need.
         """
         mod = fast_math(_fusable(mod))
         addons: list[native.NativeAddon] = []
-        if target.libraries.get("dnnl", False):
-            shim = native.dnnl_shim(target.cross_compiler or "g++")  # fails early, in one line
+        rules = library_rules(target)
+        if rules is not None:
+            # Fails early, in one line, when the library or the compiler is missing.
+            shim = SHIMS[rules.library](target.cross_compiler or "g++")
             try:
-                mod, stats = dispatch_with_stats(mod, dnnl_rules(target))
+                mod, stats = dispatch_with_stats(mod, rules)
             except Exception as exc:  # TVM's own errors from rewriting and type inference
                 raise CompileError(
                     f"library dispatch for '{target.name}' failed: {describe(exc)}") from None
@@ -126,19 +130,21 @@ class LLVMCodegen:
                 addons.append(shim)
         if library_rewrite is not None:
             mod, extra = library_rewrite(mod, target)
-            # A rewrite that replaced every fp32 oneDNN call (every layer int8) leaves the shim
+            # A rewrite that replaced every fp32 library call (every layer int8) leaves the shim
             # unused: linking it anyway cost the zoo transformer's library 130 KB of code.
-            if addons and not any(name.startswith("edgec_dnnl_") for name in _extern_symbols(mod)):
+            if addons and not any(name.startswith(rules.symbol(""))
+                                  for name in _extern_symbols(mod)):
                 addons.clear()
             addons += extra
-        uses_dnnl = bool(addons)
+        uses_library = bool(addons)
         # After library dispatch: this legalizes, which would hide convolutions from it.
         mod, kernels = runtime_kernels.redirect(mod)
         if kernels:
             addons.append(native.runtime_kernels(target.cross_compiler or "g++"))
         # oneDNN's OpenMP threads own the cores between its calls: TVM kernels that also
         # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
-        return PreparedModule(mod, addons, parallel=not uses_dnnl)
+        # XNNPACK's pthreadpool is kept alike (not measured on an Arm board).
+        return PreparedModule(mod, addons, parallel=not uses_library)
 
     def compile(self, mod: tvm.IRModule, target: Target,
                 library_rewrite: LibraryRewrite | None = None) -> CompiledLibrary:
@@ -225,6 +231,38 @@ def _fusable(mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             result[gvar] = relax.utils.copy_with_new_vars(func)
     return result
+
+
+# The shim of each library route (``DispatchRules.library``), compiled with the target's compiler.
+SHIMS = {"dnnl": native.dnnl_shim, "xnn": native.xnnpack_shim}
+
+
+def library_rules(target: Target) -> DispatchRules | None:
+    """The library route ``target``'s file enables (``[libraries] dnnl`` or ``xnnpack``), with
+    what goes there and in which layout; None when it enables neither.
+
+    Raises CompileError when it enables both, or XNNPACK for another architecture than aarch64
+    (the shim is built and tested against Debian's arm64 XNNPACK only).
+    """
+    enabled = [name for name in ("dnnl", "xnnpack") if target.libraries.get(name, False)]
+    if len(enabled) > 1:
+        raise CompileError(f"target '{target.name}' enables both [libraries] dnnl and xnnpack; "
+                           f"keep one")
+    if not enabled:
+        return None
+    if enabled[0] == "dnnl":
+        return dnnl_rules(target)
+    if target.arch != "aarch64":
+        raise CompileError(f"target '{target.name}': [libraries] xnnpack is for aarch64 targets "
+                           f"(this one is {target.arch}); use dnnl on x86_64")
+    return xnnpack_rules(target)
+
+
+def xnnpack_rules(target: Target) -> DispatchRules:  # noqa: ARG001 - one set for every Arm core
+    """What goes to XNNPACK for ``target``: every convolution and dense matmul with a constant
+    fp32 weight (TVM's untuned kernels lose by far more than XNNPACK's NEON ones), activations
+    NHWC between its calls, XNNPACK's only layout."""
+    return DispatchRules(library="xnn")
 
 
 def dnnl_rules(target: Target) -> DispatchRules:

@@ -167,9 +167,10 @@ class CUDACodegen:
 
         tvm_target = self.tvm_target(target)
         nvcc = find_nvcc()
-        if target.libraries.get("dnnl", False):
-            raise CompileError(f"target '{target.name}': oneDNN ([libraries] dnnl) is for CPU "
-                               f"targets; remove it from the target file")
+        for library in ("dnnl", "xnnpack"):
+            if target.libraries.get(library, False):
+                raise CompileError(f"target '{target.name}': [libraries] {library} is for CPU "
+                                   f"targets; remove it from the target file")
         if library_rewrite is not None:  # quantization's hook: fp16 (int8 refuses CUDA targets)
             mod, addons = library_rewrite(mod, target)
             if addons:

@@ -1,12 +1,15 @@
-"""Send a Relax program's convolutions and matmuls to oneDNN through edgec's native shim.
+"""Send a Relax program's convolutions and matmuls to a CPU library through edgec's native shims.
 
 TVM's default CPU build applies no schedules, so its convolutions and matmuls run as naive loops
 (60-80x slower than onnxruntime, TVM_NOTES.md). :func:`dispatch_to_dnnl` rewrites them, with the
-ops around them that oneDNN can fuse, into ``call_dps_packed`` calls of the functions in
-``edgec/native/dnnl_shim.cc``; everything else stays with TVM. The codegen links the shim into
-the model library (``edgec.compiler.native``).
+ops around them that the library can fuse, into ``call_dps_packed`` calls of the functions in
+``edgec/native/dnnl_shim.cc`` (oneDNN, x86) or ``edgec/native/xnnpack_shim.cc`` (XNNPACK, Arm),
+as ``DispatchRules.library`` says; everything else stays with TVM. The codegen links the shim
+into the model library (``edgec.compiler.native``).
 
-The shim's functions and their arguments (``out`` is the destination TVM allocates)::
+The oneDNN shim's functions and their arguments (``out`` is the destination TVM allocates); the
+XNNPACK shim's are ``edgec_xnn_conv2d``, ``edgec_xnn_conv2d_add`` and ``edgec_xnn_dense`` with the
+same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
 
     edgec_dnnl_conv2d(x, w, b, sh, sw, pt, pl, pb, pr, dh, dw, groups, flags, wid, out)
     edgec_dnnl_conv2d_add(x, w, b, r, sh, sw, pt, pl, pb, pr, dh, dw, groups, flags, wid, out)
@@ -30,8 +33,9 @@ dispatch, ``If`` branches included):
    weight takes its bias and relu. Every conv and dense matmul goes to oneDNN: TVM's untuned
    kernels lose by 60x and more, even on a 64x64 matmul (measured). Matmuls of two computed
    tensors (attention) stay with TVM, where they cost little at the sizes seen.
-3. Blocked layout (``DispatchRules.block``): activations stay in oneDNN's blocked layout between
-   library calls, and the TVM ops between them run blocked (see :func:`_block_layout`).
+3. Library layout (``DispatchRules.block``): activations stay in the library's layout between
+   its calls (oneDNN: blocked NCHW{b}c; XNNPACK: NHWC), and the TVM ops between them run in that
+   layout too (see :func:`_block_layout`).
 """
 
 from __future__ import annotations
@@ -60,10 +64,15 @@ _BROADCAST_TO = tvm.ir.Op.get("relax.broadcast_to")
 _DROPOUT = tvm.ir.Op.get("relax.nn.dropout")
 
 
+LIBRARIES = ("dnnl", "xnn")  # the shims: edgec/native/dnnl_shim.cc, edgec/native/xnnpack_shim.cc
+
+
 @dataclass(frozen=True)
 class DispatchRules:
     """Which ops go to the library, and how activations are laid out between its calls.
 
+    ``library``: ``"dnnl"`` (oneDNN, x86) or ``"xnn"`` (XNNPACK, Arm): whose shim the calls name,
+    and the layout activations keep between them.
     ``dense_min_weight``: a matmul with a constant [K, N] weight goes to oneDNN when K*N is at
     least this. 0: on the 2-core machine of this project even the 64x64 matmuls of a small
     transformer ran 4x faster in oneDNN than in TVM's untuned kernel.
@@ -71,15 +80,32 @@ class DispatchRules:
     NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
     divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,
     channel concat, spatial mean) do; 0 keeps every tensor NCHW.
+    With ``library="xnn"`` any nonzero ``block`` means NHWC ([N, 1, H, W, C], one block of all
+    channels): XNNPACK's operators take NHWC only, no blocked layouts.
     Grouped convolutions stay grouped here: whether one runs ungrouped (zero weights between
     groups) is the shim's decision on the machine that runs it (AVX2 machines lack a direct kernel
     for groups that are not whole blocks; AVX-512 ones have one).
     """
 
+    library: str = "dnnl"
     conv2d: bool = True
     dense: bool = True
     dense_min_weight: int = 0
     block: int = 16
+
+    def __post_init__(self) -> None:
+        if self.library not in LIBRARIES:
+            raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
+                             f"{', '.join(LIBRARIES)}")
+
+    def symbol(self, function: str) -> str:
+        """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``)."""
+        return f"edgec_{self.library}_{function}"
+
+    @property
+    def nhwc(self) -> bool:
+        """Whether activations between library calls are NHWC rather than blocked."""
+        return self.library == "xnn"
 
 
 @dataclass
@@ -93,7 +119,8 @@ class DispatchStats:
 
 
 def dispatch_to_dnnl(mod: tvm.IRModule, rules: DispatchRules = DispatchRules()) -> tvm.IRModule:
-    """Return ``mod`` with its matching ops rewritten into calls of the oneDNN shim.
+    """Return ``mod`` with its matching ops rewritten into calls of ``rules.library``'s shim
+    (oneDNN by default).
 
     Every Relax function is rewritten (``main``, the ``spec_*`` and ``generic`` copies that shape
     dispatch adds, and bindings inside ``If`` branches). Simple computations on constants are
@@ -115,7 +142,7 @@ def dispatch_with_stats(
         func = _rewrite_function(func, _canonical_groups, mod)
         func = _rewrite_function(func, lambda a: _library_groups(a, rules, stats), mod)
         if rules.block:
-            func = _block_layout(func, rules.block, mod)
+            func = _block_layout(func, None if rules.nhwc else rules.block, mod)
         updates[gvar] = func
     result = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
     for gvar, func in updates.items():
@@ -566,7 +593,7 @@ def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
     weight_id = _weight_id(weight_folded)
     ints = [*attrs.strides, *attrs.padding, *attrs.dilation, groups,
             FLAG_RELU if ep.relu else 0, weight_id]
-    name = "edgec_dnnl_conv2d_add" if ep.residual is not None else "edgec_dnnl_conv2d"
+    name = rules.symbol("conv2d_add" if ep.residual is not None else "conv2d")
     out_ty = ep.tail.ty
     stats.add(name)
 
@@ -598,12 +625,13 @@ def _dense_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
     flags = FLAG_RELU if ep.relu else 0
     weight_id = _weight_id(weight_folded)
     out_ty = ep.tail.ty
-    stats.add("edgec_dnnl_dense")
+    name = rules.symbol("dense")
+    stats.add(name)
 
     def build(visit, emit):
         args = [visit(data), relax.const(weight_folded), relax.const(bias),
                 relax.prim_value(flags), relax.prim_value(weight_id)]
-        return relax.call_dps_packed("edgec_dnnl_dense", args, out_ty)
+        return relax.call_dps_packed(name, args, out_ty)
 
     return _Group(tail=ep.tail, drop=ep.drop, build=build)
 
@@ -629,7 +657,8 @@ def _library_groups(analysis: _Analysis, rules: DispatchRules,
 # ---------------------------------------------------------------------------------------------
 # Blocked layout: keep activations in NCHW{b}c between library convolutions.
 
-_CONV_FUNCTIONS = ("edgec_dnnl_conv2d", "edgec_dnnl_conv2d_add")
+_CONV_FUNCTIONS = tuple(DispatchRules(library=lib).symbol(f)
+                        for lib in LIBRARIES for f in ("conv2d", "conv2d_add"))
 _CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 _UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in (
     "nn.relu", "sigmoid", "tanh", "clip", "nn.silu", "nn.gelu", "nn.gelu_tanh", "exp", "sqrt",
@@ -654,15 +683,16 @@ def _channels(expr: relax.Expr) -> int | None:
     return int(values[1])
 
 
-def _block_of(channels: int | None, preferred: int) -> int | None:
-    """The channel block for a tensor: ``preferred`` if it divides the channels, else all of them.
+def _block_of(channels: int | None, preferred: int | None) -> int | None:
+    """The channel block for a tensor: ``preferred`` if it divides the channels, else all of them
+    (``preferred`` None: always all of them).
 
-    A block of all channels, [N, 1, H, W, C], is NHWC: oneDNN's layout for grouped and
-    depthwise convolutions and for channel counts its blocked kernels do not take.
+    A block of all channels, [N, 1, H, W, C], is NHWC: XNNPACK's layout, and oneDNN's for grouped
+    and depthwise convolutions and for channel counts its blocked kernels do not take.
     """
     if channels is None:
         return None
-    return preferred if channels % preferred == 0 else channels
+    return preferred if preferred is not None and channels % preferred == 0 else channels
 
 
 def _to_blocked(x: relax.Expr, block: int) -> relax.Expr:
@@ -763,11 +793,13 @@ def _channel_shuffles(analysis: _Analysis) -> dict[relax.Var, tuple]:
     return found
 
 
-def _block_layout(func: relax.Function, preferred: int, mod: tvm.IRModule) -> relax.Function:
+def _block_layout(func: relax.Function, preferred: int | None,
+                  mod: tvm.IRModule) -> relax.Function:
     """Rewrite ``func`` so tensors flow between library convolutions in a blocked layout.
 
     A library convolution writes NCHW{b}c, with b ``preferred`` where it divides the output
-    channels, else 8 (else it stays NCHW). Ops that can run on blocked tensors of one block
+    channels, else all channels (NHWC as [N, 1, H, W, C]; ``preferred`` None: always NHWC,
+    XNNPACK's layout). Ops that can run on blocked tensors of one block
     (elementwise with per-channel or scalar constants, 2-D pooling, channel concat, spatial mean)
     then run blocked in TVM. Any other use of a blocked tensor gets a ``layout_transform`` back
     to NCHW before its first such use, or right after its binding when it is used outside its
@@ -918,7 +950,8 @@ def _block_layout(func: relax.Function, preferred: int, mod: tvm.IRModule) -> re
             func, args = value.args
             if not (isinstance(func, relax.ExternFunc) and func.global_symbol in _CONV_FUNCTIONS):
                 return None
-            residual = func.global_symbol == "edgec_dnnl_conv2d_add"
+            residual = str(func.global_symbol).endswith("_conv2d_add")
+            nhwc_only = str(func.global_symbol).startswith("edgec_xnn_")
             fields = list(args.fields)
             weight = _constant(fields[1])
             groups = int(fields[12 if residual else 11].value)
@@ -928,7 +961,10 @@ def _block_layout(func: relax.Function, preferred: int, mod: tvm.IRModule) -> re
                 block = _channels(var)
             new_args = []
             for index, arg in enumerate(fields):
-                if index == 0 and self._block(arg) is not None:  # any block: the shim reads it
+                if (index == 0 and self._block(arg) is not None and nhwc_only
+                        and self._block(arg) != _channels(arg)):  # XNNPACK reads NHWC only
+                    new_args.append(self._blocked_arg(arg, _channels(arg)))
+                elif index == 0 and self._block(arg) is not None:  # oneDNN reads any block
                     new_args.append(self.blocked[arg][0])
                 elif index == 3 and residual:  # the residual takes the output's layout
                     new_args.append(self._blocked_arg(arg, block))

@@ -21,6 +21,14 @@ from ..errors import ToolchainError
 
 NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 DNNL_INSTALL_HINT = "install libdnnl-dev: apt-get install libdnnl-dev"
+# Debian's XNNPACK (2022) and pthreadpool for arm64, next to the cross compiler: the headers land
+# in /usr/include, the libraries in /usr/lib/aarch64-linux-gnu, both on its search paths.
+XNNPACK_PACKAGES = {"xnnpack.h": "libxnnpack-dev:arm64", "XNNPACK": "libxnnpack-dev:arm64",
+                    "pthreadpool.h": "libpthreadpool-dev:arm64",
+                    "pthreadpool": "libpthreadpool-dev:arm64"}
+XNNPACK_INSTALL = ("dpkg --add-architecture arm64 && apt-get update && apt-get install "
+                   "libxnnpack-dev:arm64 libpthreadpool-dev:arm64 "
+                   "(or scripts/install-system-deps.sh cross)")
 _CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-DNDEBUG"]
 # Options for linking a model library. TVM's LLVM code generator writes DWARF for every kernel
 # (the zoo transformer's library: 300 KB of .debug_* sections of 1.48 MB, 67 KB of its 780 KB
@@ -67,6 +75,25 @@ def dnnl_shim(compiler: str = "g++") -> NativeAddon:
     return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ("libdnnl.so.2",))
 
 
+def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
+    """The XNNPACK shim (``edgec/native/xnnpack_shim.cc``) compiled with ``compiler`` (the
+    target's cross compiler), linking the ``libXNNPACK`` and ``libpthreadpool`` it finds (Debian's
+    arm64 packages, in /usr/lib/aarch64-linux-gnu on the cross compiler's search path).
+
+    Raises ToolchainError, in one line naming the Debian package and how to install it, when
+    XNNPACK's or pthreadpool's header or library is missing.
+    """
+    hints = {name: f"install {package}: {XNNPACK_INSTALL}"
+             for name, package in XNNPACK_PACKAGES.items()}
+    obj = _compile_object(NATIVE_DIR / "xnnpack_shim.cc", compiler,
+                          missing_header_hint=hints["xnnpack.h"], header="xnnpack.h",
+                          other_headers={"pthreadpool.h": hints["pthreadpool.h"]})
+    for library in ("XNNPACK", "pthreadpool"):
+        _check_library(compiler, library, hints[library])
+    return NativeAddon("xnnpack", (str(obj),), ("-lXNNPACK", "-lpthreadpool"),
+                       ("libXNNPACK.so.0", "libpthreadpool.so.0"))
+
+
 def runtime_kernels(compiler: str = "g++") -> NativeAddon:
     """edgec's kernels for data-dependent-shape ops (``edgec/native/runtime_kernels.cc``):
     NonZero and Unique, which TVM only provides from Python. Needs nothing beyond tvm_ffi."""
@@ -92,14 +119,19 @@ def _ffi_include() -> str:
 
 
 def _compile_object(source: Path, compiler: str, missing_header_hint: str, header: str,
-                    defines: tuple[str, ...] = ()) -> Path:
-    """``source`` compiled to a cached object; ``defines`` (``-D`` names) select parts of it."""
+                    defines: tuple[str, ...] = (), other_headers: dict[str, str] | None = None
+                    ) -> Path:
+    """``source`` compiled to a cached object; ``defines`` (``-D`` names) select parts of it.
+
+    A missing ``header`` fails with ``missing_header_hint``, a missing header of
+    ``other_headers`` (header -> hint; those the library's own header includes) with its hint.
+    """
     include = _ffi_include()
     flags = [*_CXX_FLAGS, *(f"-D{name}" for name in defines), f"-I{include}"]
     key = hashlib.sha256()
     key.update(source.read_bytes())
-    for header in sorted(source.parent.glob("*.h")):  # the shims' shared header(s)
-        key.update(header.read_bytes())
+    for shared in sorted(source.parent.glob("*.h")):  # the shims' shared header(s)
+        key.update(shared.read_bytes())
     key.update(_compiler_version(compiler).encode())
     key.update(" ".join(flags).encode())
     obj = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.o"
@@ -115,9 +147,11 @@ def _compile_object(source: Path, compiler: str, missing_header_hint: str, heade
             capture_output=True, text=True, check=False,
         )
         if result.returncode != 0:
-            if f"{header}: No such file" in result.stderr:
-                raise ToolchainError(f"'{header}' not found while compiling {source.name}; "
-                                     f"{missing_header_hint}")
+            hints = {header: missing_header_hint, **(other_headers or {})}
+            for name, hint in hints.items():
+                if f"{name}: No such file" in result.stderr:
+                    raise ToolchainError(f"'{name}' not found while compiling {source.name}; "
+                                         f"{hint}")
             first = next((line for line in result.stderr.splitlines() if "error" in line),
                          result.stderr.strip()[:300])
             raise ToolchainError(f"compiling {source.name} with '{compiler}' failed: {first}")

@@ -1,17 +1,16 @@
 // What edgec's oneDNN shims share (dnnl_shim.cc: fp32, dnnl_int8.cc: int8): the engine and
-// stream, reorders, the cache of primitives keyed by shape, and which primitives are small
-// enough to run on the calling thread. Its definitions are in an anonymous
-// namespace, so each keeps its own engine and caches.
+// stream, reorders, and which primitives are small enough to run on the calling thread; the
+// cache of primitives keyed by shape is shim_common.h's, shared with the XNNPACK shim. Its
+// definitions are in an anonymous namespace, so each keeps its own engine and caches.
 #pragma once
 
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
-#include <memory>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <unordered_map>
 #include <vector>
+
+#include "shim_common.h"
 
 namespace {
 
@@ -31,42 +30,6 @@ dnnl::stream& Stream() {
 
 dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
   return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
-}
-
-// Primitives by a key of every shape and attribute. A model sees a bounded set of shapes; the
-// cache is emptied should it ever pass a bound (entries in use stay alive).
-template <typename Entry>
-class PrimitiveCache {
- public:
-  template <typename Make>
-  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(key);
-      if (it != cache_.end()) return it->second;
-    }
-    std::shared_ptr<Entry> entry = make();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (cache_.size() >= kMaxEntries) cache_.clear();
-    return cache_.emplace(key, entry).first->second;
-  }
-
- private:
-  static constexpr size_t kMaxEntries = 4096;
-  struct Hash {
-    size_t operator()(const std::vector<int64_t>& v) const {
-      size_t h = 1469598103934665603ull;
-      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
-      return h;
-    }
-  };
-  std::mutex mutex_;
-  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
-};
-
-void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
-  key->push_back(t->ndim);
-  key->insert(key->end(), t->shape, t->shape + t->ndim);
 }
 
 // oneDNN's OpenMP runtime (libgomp, which libdnnl links): declared here rather than through

@@ -59,12 +59,6 @@ T* Data(const DLTensor* t) {
   return reinterpret_cast<T*>(static_cast<char*>(t->data) + t->byte_offset);
 }
 
-int64_t Numel(const DLTensor* t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
-  return n;
-}
-
 memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
 
 memory::desc ActivationDesc(const DLTensor* t, dt type, const char* what) {

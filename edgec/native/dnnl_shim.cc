@@ -36,13 +36,6 @@ namespace {
 // Flags shared with library_dispatch.py.
 constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
 
-bool Empty(const DLTensor* t) {
-  for (int i = 0; i < t->ndim; ++i) {
-    if (t->shape[i] == 0) return true;
-  }
-  return false;
-}
-
 void CheckTensor(const DLTensor* t, const char* what) {
   if (t->device.device_type != kDLCPU) {
     TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not on the CPU";
@@ -52,15 +45,7 @@ void CheckTensor(const DLTensor* t, const char* what) {
   }
   // An empty tensor holds no data: whatever strides it reports (numpy's for a 0-sized batch are
   // not the compact ones) are never used.
-  if (t->strides != nullptr && !Empty(t)) {
-    int64_t expected = 1;
-    for (int i = t->ndim - 1; i >= 0; --i) {
-      if (t->shape[i] != 1 && t->strides[i] != expected) {
-        TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not compact";
-      }
-      expected *= t->shape[i];
-    }
-  }
+  if (!Compact(t)) TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not compact";
 }
 
 float* Data(const DLTensor* t) {

@@ -1,0 +1,80 @@
+// What edgec's library shims share, whatever the library (dnnl_shim.cc and dnnl_int8.cc through
+// dnnl_common.h, xnnpack_shim.cc): a cache of library objects (primitives, operators with their
+// packed weights) keyed by shapes, attributes and weight ids, and tensor helpers. Plain C++ and
+// DLPack only. Its definitions are in an anonymous namespace, so each shim keeps its own caches.
+#pragma once
+
+#include <dlpack/dlpack.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// Library objects by a key of every shape, attribute and weight id they depend on. A model sees
+// a bounded set of them; the cache is emptied should it ever pass a bound (entries in use stay
+// alive through their shared_ptr).
+template <typename Entry>
+class PrimitiveCache {
+ public:
+  template <typename Make>
+  std::shared_ptr<Entry> Get(const std::vector<int64_t>& key, Make make) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) return it->second;
+    }
+    std::shared_ptr<Entry> entry = make();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (cache_.size() >= kMaxEntries) cache_.clear();
+    return cache_.emplace(key, entry).first->second;
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 4096;
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& v) const {
+      size_t h = 1469598103934665603ull;
+      for (int64_t x : v) h = (h ^ static_cast<size_t>(x)) * 1099511628211ull;
+      return h;
+    }
+  };
+  std::mutex mutex_;
+  std::unordered_map<std::vector<int64_t>, std::shared_ptr<Entry>, Hash> cache_;
+};
+
+void AppendShape(std::vector<int64_t>* key, const DLTensor* t) {
+  key->push_back(t->ndim);
+  key->insert(key->end(), t->shape, t->shape + t->ndim);
+}
+
+// Whether a tensor has no elements (its data is never read; its strides may be anything).
+bool Empty(const DLTensor* t) {
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return true;
+  }
+  return false;
+}
+
+int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+// Whether a tensor is laid out compactly in row-major order (no strides, or the compact ones).
+bool Compact(const DLTensor* t) {
+  if (t->strides == nullptr || Empty(t)) return true;
+  int64_t expected = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expected) return false;
+    expected *= t->shape[i];
+  }
+  return true;
+}
+
+}  // namespace
