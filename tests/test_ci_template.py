@@ -30,3 +30,15 @@ def test_template_refers_to_scripts_and_targets_that_exist():
         assert (ROOT / script).is_file(), script
     for target in ("x86_64", "arm64-cortex-a72"):
         assert f"--target {target}" in text and (ROOT / "targets" / f"{target}.toml").is_file()
+
+
+def test_jobs_that_install_arm64_packages_run_on_debian():
+    """The cross group installs Debian's arm64 XNNPACK (dpkg --add-architecture arm64): a plain
+    Ubuntu runner's archive has no arm64 packages, so those jobs run in a Debian 12 container."""
+    jobs = yaml.safe_load(TEMPLATE.read_text())["jobs"]
+    crossing = [name for name, job in jobs.items()
+                if re.search(r"install-system-deps\.sh[^\n]*\bcross\b", _runs(job))]
+    assert crossing
+    for name in crossing:
+        assert str(jobs[name].get("container", "")).startswith("debian:12"), name
+        assert "sudo " not in _runs(jobs[name]), name  # the container runs as root, without sudo
