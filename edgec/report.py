@@ -102,6 +102,18 @@ def _quantization_lines(result: BenchResult) -> list[str]:
     return lines
 
 
+def _runtime_lines(result: BenchResult) -> list[str]:
+    """What the device must hold to run the library, per route: TVM's runtime (every library)
+    and each native library the library dispatch linked (oneDNN, XNNPACK)."""
+    files = result.data.get("runtime_files") or {}
+    if not files:
+        return []
+    tvm = {name: size for name, size in files.items() if name.startswith("libtvm")}
+    routes = [f"TVM runtime {sum(tvm.values()) / 1e6:.1f} MB ({', '.join(sorted(tvm))})"] if tvm else []
+    routes += [f"{name} {size / 1e6:.1f} MB" for name, size in files.items() if name not in tvm]
+    return [f"- runtime on the device: {sum(files.values()) / 1e6:.1f} MB: " + "; ".join(routes)]
+
+
 def _markdown(results: list[BenchResult]) -> str:
     lines = ["# edgec benchmark report", ""]
     if results:
@@ -123,6 +135,7 @@ def _markdown(results: list[BenchResult]) -> str:
         lines += ["", f"## {result['model']} on {result['target']}", ""]
         lines += _split_lines(result)
         lines += _quantization_lines(result)
+        lines += _runtime_lines(result)
         lines += ["", "| shape | samples | " + " | ".join(f"{s} p50" for s in systems) + " | ratio |",
                   "|---|---|" + "---|" * len(systems) + "---|"]
         for row in result["per_shape"]:

@@ -40,6 +40,15 @@ def test_report_writes_every_format(result, tmp_path):
     assert json.loads(files["report.json"])["results"][0]["model"] == "mlp"
 
 
+def test_markdown_says_what_each_route_costs_on_the_device(result):
+    """The runtime bytes per route: TVM's runtime (its files summed) and each native library."""
+    routed = _with(result, runtime_files={"libtvm_runtime.so": 3_000_000, "libtvm_ffi.so": 2_500_000,
+                                          "libdnnl.so.2": 39_600_000})
+    markdown = report([routed]).files["report.md"]
+    assert ("- runtime on the device: 45.1 MB: TVM runtime 5.5 MB (libtvm_ffi.so, libtvm_runtime.so); "
+            "libdnnl.so.2 39.6 MB") in markdown
+
+
 def test_compare_flags_a_real_regression_and_passes_without_one(result):
     baseline = [summary_row(result)]
     _, none = compare([result], baseline, 0.10)
