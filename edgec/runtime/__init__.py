@@ -60,6 +60,11 @@ def aligned(array: np.ndarray) -> np.ndarray:
         return np.lib.stride_tricks.as_strided(raw, array.shape, strides).view(array.dtype)
     if array.flags.c_contiguous and array.flags.writeable and _address(array) % ALIGNMENT == 0:
         return array
+    return _aligned_copy(array)
+
+
+def _aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``array`` (not empty) at a 64-byte aligned address."""
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
     offset = (-_address(buffer)) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
@@ -216,12 +221,14 @@ class Model:
         """``array`` as a ``tvm_ffi`` tensor over the same memory when TVM's kernels can read it
         there (C-contiguous, writeable, 64-byte aligned), else over an aligned copy. The common
         case costs one DLPack import (model calls of tens of microseconds feel every step)."""
-        if array.size and array.flags.c_contiguous and array.flags.writeable and array.dtype.isnative:
-            if not dtypes.is_extended(array.dtype):
-                tensor = self._ffi.from_dlpack(array)
-                if tensor.data_ptr() % ALIGNMENT == 0:
-                    return tensor
-        array = aligned(array)
+        if (array.size and array.flags.c_contiguous and array.flags.writeable
+                and array.dtype.isnative and not dtypes.is_extended(array.dtype)):
+            tensor = self._ffi.from_dlpack(array)
+            if tensor.data_ptr() % ALIGNMENT == 0:
+                return tensor
+            array = _aligned_copy(array)  # known misaligned: no second look at its address
+        else:
+            array = aligned(array)
         if dtypes.is_extended(array.dtype):
             return dtypes.to_tensor(self._ffi, array)
         return self._ffi.from_dlpack(array, require_alignment=ALIGNMENT if array.size else 0)
