@@ -69,10 +69,10 @@ def worker(name: str, model_dir: Path, artifacts: dict[str, Path], rounds: int, 
     if name == "digits":  # trained weights: accuracy on its held-out split means something
         from edgec.zoo import digits
 
+        batches = digits.held_out_batches()
+        labels = np.concatenate([labels for _, labels in batches])
         for mode, loaded in models.items():
-            batches = digits.held_out_batches()
             logits = np.concatenate([next(iter(loaded.run(inputs).values())) for inputs, _ in batches])
-            labels = np.concatenate([labels for _, labels in batches])
             result[mode]["held_out_accuracy"] = digits.accuracy(logits, labels)
     output.write_text(json.dumps(result))
 
