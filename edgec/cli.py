@@ -608,8 +608,15 @@ def costmodel() -> None:
     """The learned cost model behind `edgec plan --policy auto`: collect, train, eval."""
 
 
+# The costmodel commands' target: like plan's, this machine's best when not given.
+_costmodel_target = click.option(
+    "--target", default=None,
+    help="A target name or .toml file (default: the target with the most CPU features this "
+         "machine has, as for `edgec plan`).")
+
+
 @costmodel.command("collect")
-@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
+@_costmodel_target
 @click.option("--models", default="", help="Comma-separated zoo models (default: the dynamic ones).")
 @click.option("--passes", default=3, show_default=True, type=int,
               help="Independent build+time passes per model (their spread is the noise).")
@@ -634,7 +641,7 @@ def costmodel_collect(target: str | None, models: str, passes: int, runs: int, b
 
 
 @costmodel.command("train")
-@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
+@_costmodel_target
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Where to write the model (default: autotune/<target>/costmodel.json).")
 def costmodel_train(target: str | None, output: Path | None) -> None:
@@ -656,7 +663,7 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
 
 
 @costmodel.command("eval")
-@click.option("--target", default=None, help="A target name or .toml file (default: the target with the most CPU features this machine has, as for `edgec plan`).")
+@_costmodel_target
 @click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
                                                           "every measured model).")
 @click.option("--max-specializations", default=3, show_default=True, type=int)
