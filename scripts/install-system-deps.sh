@@ -37,17 +37,44 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-# Packages of another architecture (libxnnpack-dev:arm64) need it enabled in dpkg first.
+native_arch=$(dpkg --print-architecture)
+native=() foreign=()
 for package in "${missing[@]}"; do
-    if [[ "$package" == *:* ]]; then
-        arch="${package##*:}"
-        if [ "$arch" != "$(dpkg --print-architecture)" ] \
-                && ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
-            dpkg --add-architecture "$arch"
-        fi
+    if [[ "$package" == *:* && "${package##*:}" != "$native_arch" ]]; then
+        foreign+=("$package")
+    else
+        native+=("$package")
     fi
 done
+apt_install() {
+    # debconf notes the missing apt-utils on stderr: noise, not an error.
+    apt-get install -y -qq --no-install-recommends "$@" >/dev/null 2> >(grep -v "^debconf: delaying" >&2)
+}
 apt-get update -qq
-# debconf notes the missing apt-utils on stderr: noise, not an error.
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2> >(grep -v "^debconf: delaying" >&2)
-echo "install-system-deps: installed ${missing[*]}"
+if [ ${#native[@]} -gt 0 ]; then
+    apt_install "${native[@]}"
+    echo "install-system-deps: installed ${native[*]}"
+fi
+# Packages of another architecture (libxnnpack-dev:arm64) need it enabled in dpkg and a mirror
+# that serves it. Without them, compiling for the arm64 targets stops with an install hint and
+# their tests skip: a warning here, not a failure of the other groups.
+if [ ${#foreign[@]} -gt 0 ]; then
+    added=()
+    for package in "${foreign[@]}"; do
+        arch="${package##*:}"
+        if ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
+            dpkg --add-architecture "$arch"
+            added+=("$arch")
+        fi
+    done
+    if { [ ${#added[@]} -eq 0 ] || apt-get update -qq; } && apt_install "${foreign[@]}"; then
+        echo "install-system-deps: installed ${foreign[*]}"
+    else
+        for arch in "${added[@]}"; do
+            dpkg --remove-architecture "$arch" 2>/dev/null || true
+        done
+        [ ${#added[@]} -eq 0 ] || apt-get update -qq || true
+        echo "install-system-deps: warning: could not install ${foreign[*]} (does the Debian" \
+             "mirror serve ${added[*]:-that architecture}?); builds for the arm64 targets will ask for them" >&2
+    fi
+fi
