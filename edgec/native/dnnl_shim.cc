@@ -36,21 +36,8 @@ namespace {
 // Flags shared with library_dispatch.py.
 constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
 
-void CheckTensor(const DLTensor* t, const char* what) {
-  if (t->device.device_type != kDLCPU) {
-    TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not on the CPU";
-  }
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
-    TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not float32";
-  }
-  // An empty tensor holds no data: whatever strides it reports (numpy's for a 0-sized batch are
-  // not the compact ones) are never used.
-  if (!Compact(t)) TVM_FFI_THROW(ValueError) << "edgec dnnl: " << what << " is not compact";
-}
+void CheckTensor(const DLTensor* t, const char* what) { CheckFloat32(t, "edgec dnnl", what); }
 
-float* Data(const DLTensor* t) {
-  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
-}
 
 memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
 
@@ -257,8 +244,8 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
 
   const auto& pd = entry->pd;
   dnnl::stream& stream = Stream();
-  memory src_m(entry->user_src, Engine(), Data(src));
-  memory dst_m(entry->user_dst, Engine(), Data(dst));
+  memory src_m(entry->user_src, Engine(), FloatData(src));
+  memory dst_m(entry->user_dst, Engine(), FloatData(dst));
   memory src_p = src_m, dst_p = dst_m;
   if (entry->reorder_src) {
     src_p = memory(pd.src_desc(), Engine(), Scratch(0, pd.src_desc().get_size()));
@@ -269,12 +256,12 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   }
   std::unordered_map<int, memory> args = {
       {DNNL_ARG_SRC, src_p},
-      {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, Data(weight))},
-      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), Data(bias))},
+      {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, FloatData(weight))},
+      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), FloatData(bias))},
       {DNNL_ARG_DST, dst_p},
   };
   if (residual != nullptr) {
-    memory residual_m(entry->user_dst, Engine(), Data(residual));
+    memory residual_m(entry->user_dst, Engine(), FloatData(residual));
     if (entry->reorder_dst) {
       memory residual_p(pd.dst_desc(), Engine(), Scratch(2, pd.dst_desc().get_size()));
       entry->residual_in.execute(stream, residual_m, residual_p);
@@ -364,10 +351,10 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   });
   const auto& pd = entry->pd;
   entry->primitive.execute(
-      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), Data(src))},
-                 {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, Data(weight))},
-                 {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), Data(bias))},
-                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), Data(dst))}});
+      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), FloatData(src))},
+                 {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, FloatData(weight))},
+                 {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), FloatData(bias))},
+                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), FloatData(dst))}});
   Stream().wait();
 }
 

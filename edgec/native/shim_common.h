@@ -1,10 +1,12 @@
 // What edgec's library shims share, whatever the library (dnnl_shim.cc and dnnl_int8.cc through
 // dnnl_common.h, xnnpack_shim.cc): a cache of library objects (primitives, operators with their
-// packed weights) keyed by shapes, attributes and weight ids, and tensor helpers. Plain C++ and
-// DLPack only. Its definitions are in an anonymous namespace, so each shim keeps its own caches.
+// packed weights) keyed by shapes, attributes and weight ids, and tensor helpers. C++, DLPack and
+// tvm_ffi's errors only. Its definitions are in an anonymous namespace, so each shim keeps its own
+// caches.
 #pragma once
 
 #include <dlpack/dlpack.h>
+#include <tvm/ffi/error.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +77,24 @@ bool Compact(const DLTensor* t) {
     expected *= t->shape[i];
   }
   return true;
+}
+
+// A float32 tensor on the CPU, laid out compactly; else a ValueError naming the shim (`shim`,
+// e.g. "edgec dnnl") and the argument (`what`). An empty tensor holds no data: whatever strides it
+// reports (numpy's for a 0-sized batch are not the compact ones) are never used.
+void CheckFloat32(const DLTensor* t, const char* shim, const char* what) {
+  if (t->device.device_type != kDLCPU) {
+    TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not on the CPU";
+  }
+  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+    TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not float32";
+  }
+  if (!Compact(t)) TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not compact";
+}
+
+// A float32 tensor's first element.
+float* FloatData(const DLTensor* t) {
+  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
 }
 
 }  // namespace

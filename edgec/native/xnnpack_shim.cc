@@ -81,19 +81,8 @@ pthreadpool_t Pool() {
   return pool;
 }
 
-void CheckTensor(const DLTensor* t, const char* what) {
-  if (t->device.device_type != kDLCPU) {
-    TVM_FFI_THROW(ValueError) << "edgec xnnpack: " << what << " is not on the CPU";
-  }
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
-    TVM_FFI_THROW(ValueError) << "edgec xnnpack: " << what << " is not float32";
-  }
-  if (!Compact(t)) TVM_FFI_THROW(ValueError) << "edgec xnnpack: " << what << " is not compact";
-}
+void CheckTensor(const DLTensor* t, const char* what) { CheckFloat32(t, "edgec xnnpack", what); }
 
-float* Data(const DLTensor* t) {
-  return reinterpret_cast<float*>(static_cast<char*>(t->data) + t->byte_offset);
-}
 
 // A per-thread buffer of at least `floats` floats plus XNN_EXTRA_BYTES.
 float* Scratch(int slot, size_t floats) {
@@ -155,7 +144,7 @@ Activation Layout(const DLTensor* t, const char* what) {
 // A key for a bias: the operator packs it with the weight, and the weight id covers the
 // weight only (oneDNN's shim takes the bias per call). FNV-1a over its bytes.
 int64_t BiasKey(const DLTensor* bias) {
-  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(Data(bias));
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(FloatData(bias));
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0, size = static_cast<size_t>(Numel(bias)) * sizeof(float); i < size; ++i) {
     h = (h ^ bytes[i]) * 1099511628211ull;
@@ -184,7 +173,7 @@ std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* bias,
     TVM_FFI_THROW(ValueError) << "edgec xnnpack: conv2d groups do not divide the output channels";
   }
   // OIHW [O, I/g, KH, KW] -> [O, KH, KW, I/g]: XNNPACK's [g, O/g, KH, KW, I/g] in one piece.
-  const float* w = Data(weight);
+  const float* w = FloatData(weight);
   std::vector<float> ohwi(out * kh * kw * group_in);
   for (int64_t o = 0; o < out; ++o) {
     for (int64_t i = 0; i < group_in; ++i) {
@@ -233,11 +222,11 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   key.push_back(BiasKey(bias));
   AppendShape(&key, weight);
   static PrimitiveCache<Operator> cache;
-  auto entry = cache.Get(key, [&]() { return MakeConv(weight, Data(bias), attrs, clamp_relu); });
+  auto entry = cache.Get(key, [&]() { return MakeConv(weight, FloatData(bias), attrs, clamp_relu); });
 
   const size_t in_size = static_cast<size_t>(Numel(src));
   const size_t out_size = static_cast<size_t>(Numel(dst));
-  const float* x = Data(src);
+  const float* x = FloatData(src);
   if (!in.nhwc) {
     float* copy = Scratch(0, in_size);  // with XNN_EXTRA_BYTES of slack: see WithSlack
     NchwToNhwc(x, copy, in.n, in.c, in.h * in.w);
@@ -245,7 +234,7 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   } else {
     x = WithSlack(x, in_size, 0);
   }
-  float* y = out.nhwc ? Data(dst) : Scratch(1, out_size);
+  float* y = out.nhwc ? FloatData(dst) : Scratch(1, out_size);
   {
     std::lock_guard<std::mutex> lock(entry->mutex);
     Check(xnn_setup_convolution2d_nhwc_f32(entry->op, static_cast<size_t>(in.n),
@@ -254,10 +243,10 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
           "setting up conv2d");
     Check(xnn_run_operator(entry->op, Pool()), "running conv2d");
   }
-  float* result = Data(dst);
+  float* result = FloatData(dst);
   if (!out.nhwc) NhwcToNchw(y, result, out.n, out.c, out.h * out.w);
   if (residual != nullptr) {  // the residual has the output's layout
-    const float* r = Data(residual);
+    const float* r = FloatData(residual);
     if (relu) {
       for (size_t i = 0; i < out_size; ++i) result[i] = std::max(result[i] + r[i], 0.f);
     } else {
@@ -316,14 +305,14 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
     // XNN_FLAG_TRANSPOSE_WEIGHTS: the kernel is [K, N] (input channels first), as edgec's is.
     Check(xnn_create_fully_connected_nc_f32(
               static_cast<size_t>(k), static_cast<size_t>(n), static_cast<size_t>(k),
-              static_cast<size_t>(n), Data(weight), Data(bias), lo,
+              static_cast<size_t>(n), FloatData(weight), FloatData(bias), lo,
               std::numeric_limits<float>::infinity(), XNN_FLAG_TRANSPOSE_WEIGHTS, &entry->op),
           "creating a dense operator");
     return entry;
   });
-  const float* x = WithSlack(Data(src), static_cast<size_t>(m * k), 0);
+  const float* x = WithSlack(FloatData(src), static_cast<size_t>(m * k), 0);
   std::lock_guard<std::mutex> lock(entry->mutex);
-  Check(xnn_setup_fully_connected_nc_f32(entry->op, static_cast<size_t>(m), x, Data(dst), Pool()),
+  Check(xnn_setup_fully_connected_nc_f32(entry->op, static_cast<size_t>(m), x, FloatData(dst), Pool()),
         "setting up dense");
   Check(xnn_run_operator(entry->op, Pool()), "running dense");
 }
