@@ -52,7 +52,7 @@ def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool
         targets = [node for node in proto.graph.node if wanted(node)]
         if not targets:
             break
-        types = _value_types(proto)
+        types = value_types(proto)
         nodes: list[NodeProto] = []
         for node in proto.graph.node:
             body = _expand(node, opset, types) if wanted(node) else None
@@ -72,7 +72,7 @@ def _schema(op_type: str, opset: int):
         return None
 
 
-def _value_types(proto: onnx.ModelProto) -> dict[str, TypeProto]:
+def value_types(proto: onnx.ModelProto) -> dict[str, TypeProto]:
     """Each value's type as ONNX shape inference sees it (context-dependent bodies need it)."""
     try:
         with warnings.catch_warnings():

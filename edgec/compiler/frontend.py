@@ -16,8 +16,9 @@ from ..errors import ModelError, describe
 from ..model import Model, all_nodes
 from .converters import CONVERTERS
 from .converters.control_flow import LAZY_IF
-from .expand import expand_functions
+from .expand import expand_functions, value_types
 from .fold import fix_inputs, fold_constants
+from .recurrent import rewrite_recurrent
 
 _tvm_convert_map = onnx_frontend._get_convert_map
 
@@ -47,6 +48,7 @@ def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None)
     """
     known = set(convert_map()) | {"If", "Constant"}
     proto = fix_inputs(model.proto, dict(constants or {}))
+    proto = rewrite_recurrent(proto, model.name, value_types(proto).get)
     proto = fold_constants(expand_functions(proto, known.__contains__))
     unsupported = unsupported_ops(proto)
     if unsupported:

@@ -36,6 +36,8 @@ _MOVEMENT = ("Reshape", "Transpose", "Gather", "GatherElements", "GatherND", "Co
              "Flatten", "Pad", "Identity", "Where", "Resize")
 _SHAPE = ("Shape", "Size", "Constant", "ConstantOfShape", "Range", "Cast", "NonZero")
 _CONTROL = ("If", "Loop", "Scan")
+# Recurrent layers, with about how many nodes one step of their Scan runs.
+_RECURRENT = {"LSTM": 20, "GRU": 18, "RNN": 4}
 
 # The order the learners see features in; saved with a fitted model.
 FEATURE_NAMES = (
@@ -103,6 +105,10 @@ def _scan_trips(node: onnx.NodeProto, shapes: dict) -> int | None:
     if not known or not known[1]:
         return None
     return known[1][(axes[0] if axes else 0) % len(known[1])]
+
+
+def _batch_major(node: onnx.NodeProto) -> bool:
+    return any(a.name == "layout" and a.i == 1 for a in node.attribute)
 
 
 def target_features(target: Target) -> dict[str, float]:
@@ -176,6 +182,20 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
             counts["movement"] += 1
         elif op in _SHAPE:
             counts["shape"] += 1
+        elif op in _RECURRENT:
+            # Compiled as a Scan (compiler/recurrent.py): the input projection is one library
+            # matmul before the loop; each step a matmul with R and the gates.
+            x, w, r = (ins[k][1] if len(ins) > k and ins[k] is not None else [] for k in range(3))
+            if len(x) == 3 and len(w) == 3 and len(r) == 3:
+                steps, rows = (x[1], x[0]) if _batch_major(node) else (x[0], x[1])
+                per_input = 2.0 * (steps or 1) * (rows or 1) * (w[0] or 1) * (w[1] or 1)
+                library_flops += per_input * (x[2] or 1)
+                flops += per_input * ((x[2] or 1) + (r[2] or 1))
+                library_calls += 1
+                trip_total += steps or 1
+            counts["matmul"] += 1
+            control += 1
+            sub_nodes += _RECURRENT[op]
         elif op in _CONTROL:
             control += 1
             inner = _count_sub_nodes(node)

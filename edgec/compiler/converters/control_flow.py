@@ -305,10 +305,13 @@ def _results(bb: relax.BlockBuilder, result: relax.Expr, start: int, patterns: P
 
 
 def _stacked(bb: relax.BlockBuilder, value: relax.Expr, trips: tirx.PrimExpr,
-             rows: tuple[list[int], list[bool]], dtype: str) -> relax.Expr:
-    """A stacked scan output with its shape: the exact row dims, fresh vars for the others."""
-    dims = [trips] + [d if exact else tirx.Var(f"e{j}", "int64")
-                      for j, (d, exact) in enumerate(zip(*rows))]
+             rows: tuple[list[int], list[bool]], dtype: str,
+             outer: list[tirx.PrimExpr | None] | None = None) -> relax.Expr:
+    """A stacked scan output with its shape: the exact row dims, the dims ``outer`` knows from
+    outside the loop (a row shaped like a loop state), fresh vars for the others."""
+    outer = outer or [None] * len(rows[0])
+    dims = [trips] + [d if exact else known if known is not None else tirx.Var(f"e{j}", "int64")
+                      for j, (d, exact, known) in enumerate(zip(*rows, outer))]
     return bb.match_cast(value, relax.TensorType(dims, dtype))
 
 
@@ -413,6 +416,7 @@ class _ScanPlan:
     dtypes: list[str]
     free: FreeValues
     in_axes: list[int]
+    row_outer: list[list[tirx.PrimExpr | None]]
 
     @classmethod
     def build(cls, bb: relax.BlockBuilder, session: Session, nodes: dict, attrs: dict,
@@ -436,6 +440,14 @@ class _ScanPlan:
                                   lambda c: c + x_elems, 0, 0, free)
         body.commit(bb)
         elems = [body.empty_rows(k) for k in range(n_state, len(graph.output))]
+        # Row dims that are a state's or a scan input's dims (the state's shape never changes):
+        # the stacked output gets the outer value's dim, so it combines with other values.
+        stable = {d for ty in [c for c, i in zip(carried, initial) if c is i] + x_elems
+                  for d in dims_of(ty) if isinstance(d, tirx.Var)}
+        row_outer = [[patterns.outer.get(body.to_pattern.get(d)) if isinstance(d, tirx.Var)
+                      and body.to_pattern.get(d) in stable else None
+                      for d in dims_of(body.out_types[k])]
+                     for k in range(n_state, len(graph.output))]
         dtypes = [dtype_of(ty) for ty in body.out_types[n_state:]]
         unknown_rows = [not all(exact) for _, exact in elems]
 
@@ -470,7 +482,7 @@ class _ScanPlan:
             loose=[False] + [c is not i for c, i in zip(carried, initial)] + [True] * n_out,
             invariants=[INT64_SCALAR] + x_types + free.types, has_cond=False, step=step)
         top = _build_loop(bb, session, spec)
-        return cls(top, patterns, initial, carried, elems, dtypes, free, in_axes)
+        return cls(top, patterns, initial, carried, elems, dtypes, free, in_axes, row_outer)
 
     def emit(self, bb: relax.BlockBuilder, states: list[relax.Expr], xs: list[relax.Expr]
              ) -> tuple[list[relax.Expr], list[relax.Expr]]:
@@ -486,7 +498,7 @@ class _ScanPlan:
         outs = []
         for j, (elem, dtype) in enumerate(zip(self.elems, self.dtypes)):
             value = bb.emit(relax.TupleGetItem(result, 1 + len(states) + j))
-            outs.append(_stacked(bb, value, trips, elem, dtype))
+            outs.append(_stacked(bb, value, trips, elem, dtype, self.row_outer[j]))
         return finals, outs
 
 

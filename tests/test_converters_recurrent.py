@@ -1,0 +1,233 @@
+"""ONNX LSTM, GRU and RNN rewritten as Scan (compiler/recurrent.py), checked against onnxruntime
+over their attributes, with symbolic sequence and batch dims, and end to end through edgec."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_converters_control_flow import model, run, vi
+
+from edgec.errors import ModelError
+
+F = TensorProto.FLOAT
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def recurrent(op: str, *, hidden=5, features=3, directions=1, weights_as_inputs=False,
+              bias=True, lens=False, initial=False, peepholes=False, layout=0, outputs=None,
+              seed=0, opset=17, **attrs) -> onnx.ModelProto:
+    """One ``op`` node over X [seq, batch, features] (symbolic seq and batch; [batch, seq, ...]
+    with layout 1). Weights are initializers unless ``weights_as_inputs``."""
+    rng = np.random.default_rng(seed)
+    gates = GATES[op]
+    arrays = {"W": rng.standard_normal((directions, gates * hidden, features)) * 0.5,
+              "R": rng.standard_normal((directions, gates * hidden, hidden)) * 0.5}
+    if bias:
+        arrays["B"] = rng.standard_normal((directions, 2 * gates * hidden)) * 0.3
+    if peepholes:
+        arrays["P"] = rng.standard_normal((directions, 3 * hidden)) * 0.3
+    arrays = {k: v.astype(np.float32) for k, v in arrays.items()}
+    batch_first = bool(layout)
+    x_shape = ["batch", "seq", features] if batch_first else ["seq", "batch", features]
+    state_shape = ["batch", directions, hidden] if batch_first else [directions, "batch", hidden]
+    inputs = [vi("X", F, x_shape)]
+    names = ["X", "W", "R", "B" if bias else ""]
+    names.append("lens" if lens else "")
+    if lens:
+        inputs.append(vi("lens", TensorProto.INT32, ["batch"]))
+    names.append("h0" if initial else "")
+    if initial:
+        inputs.append(vi("h0", F, state_shape))
+    if op == "LSTM":
+        names.append("c0" if initial else "")
+        if initial:
+            inputs.append(vi("c0", F, state_shape))
+        names.append("P" if peepholes else "")
+    while names and not names[-1]:
+        names.pop()
+    initializers = []
+    for key, value in arrays.items():
+        if weights_as_inputs:
+            inputs.append(vi(key, F, list(value.shape)))
+        else:
+            initializers.append(numpy_helper.from_array(value, key))
+    y_shape = (["batch", "seq", directions, hidden] if batch_first
+               else ["seq", directions, "batch", hidden])
+    out_specs = {"Y": y_shape, "Y_h": state_shape, "Y_c": state_shape}
+    wanted = outputs or (["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"])
+    node_outputs = [o if o in wanted else "" for o in ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]]
+    while node_outputs and not node_outputs[-1]:
+        node_outputs.pop()
+    if layout:
+        attrs["layout"] = 1
+    if directions == 2:
+        attrs.setdefault("direction", "bidirectional")
+    node = helper.make_node(op, names, node_outputs, name="rec", hidden_size=hidden, **attrs)
+    proto = model([node], inputs, [vi(o, F, out_specs[o]) for o in wanted], initializers, opset=opset)
+    proto.graph.name = f"{op.lower()}_test"
+    return proto, arrays
+
+
+def feed(proto, arrays, seq, batch, seed=1, lens=None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for value in proto.graph.input:
+        dims = [d.dim_value or {"seq": seq, "batch": batch}[d.dim_param]
+                for d in value.type.tensor_type.shape.dim]
+        if value.name == "lens":
+            out["lens"] = np.asarray(lens, np.int32)
+        elif value.name in arrays:
+            out[value.name] = arrays[value.name]
+        else:
+            out[value.name] = rng.standard_normal(dims).astype(np.float32)
+    return out
+
+
+CASES = [
+    ("LSTM", {}),
+    ("LSTM", {"directions": 2, "initial": True, "peepholes": True}),
+    ("LSTM", {"direction": "reverse", "clip": 0.7, "input_forget": 1}),
+    ("LSTM", {"layout": 1, "initial": True, "outputs": ["Y_c"]}),
+    ("LSTM", {"activations": ["HardSigmoid", "LeakyRelu", "ScaledTanh"],
+              "activation_alpha": [0.3, 0.05, 0.9], "activation_beta": [0.4, 1.1], "bias": False}),
+    ("GRU", {}),
+    ("GRU", {"linear_before_reset": 1, "directions": 2}),
+    ("GRU", {"direction": "reverse", "initial": True, "clip": 1.5, "layout": 1}),
+    ("GRU", {"activations": ["Sigmoid", "Softsign", "HardSigmoid", "Elu"],
+             "activation_alpha": [0.25, 0.8], "activation_beta": [0.45], "directions": 2,
+             "linear_before_reset": 1}),
+    ("RNN", {}),
+    ("RNN", {"directions": 2, "initial": True, "outputs": ["Y_h"]}),
+    ("RNN", {"activations": ["Relu"], "weights_as_inputs": True, "opset": 11}),
+]
+
+
+def seq_major(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its layout-1 node made layout 0 between transposes: onnxruntime has no
+    batch-major recurrent layers, so this is what it checks them against."""
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    node = proto.graph.node[0]
+    if not any(a.name == "layout" and a.i for a in node.attribute):
+        return proto
+    kept = [a for a in node.attribute if a.name != "layout"]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    before, after = [], []
+    for k, name in enumerate(node.input):
+        if name in ("X", "h0", "c0"):
+            before.append(helper.make_node("Transpose", [name], [name + "_t"], perm=[1, 0, 2]))
+            node.input[k] = name + "_t"
+    for k, name in enumerate(node.output):
+        if name:
+            perm = [2, 0, 1, 3] if k == 0 else [1, 0, 2]
+            after.append(helper.make_node("Transpose", [name + "_t"], [name], perm=perm))
+            node.output[k] = name + "_t"
+    nodes = before + [node] + after
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    return proto
+
+
+def check(proto: onnx.ModelProto, *feeds: dict[str, np.ndarray]) -> None:
+    """Every output of edgec's build of ``proto`` against onnxruntime's, for each feed."""
+    session = ort.InferenceSession(seq_major(proto).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    for feed in feeds:
+        expected = session.run(None, feed)
+        got = run(proto, feed)
+        assert len(got) == len(expected)
+        for index, (g, e) in enumerate(zip(got, expected)):
+            assert g.shape == e.shape, f"output {index}: shape {g.shape} != {e.shape}"
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5, err_msg=f"output {index}")
+
+
+@pytest.mark.parametrize("op,options", CASES, ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={v}" for k, v in v.items()) or "defaults")
+def test_matches_onnxruntime_at_several_shapes(op, options):
+    proto, arrays = recurrent(op, **options)
+    check(proto, *(feed(proto, arrays, seq, batch, seed=seq) for seq, batch in ((4, 1), (7, 3), (1, 2))))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("directions", [1, 2])
+def test_sequence_lens_leave_state_alone_past_each_rows_length(op, directions):
+    proto, arrays = recurrent(op, directions=directions, lens=True, initial=True, layout=directions - 1)
+    check(proto, feed(proto, arrays, 6, 3, lens=[6, 2, 4]), feed(proto, arrays, 5, 2, lens=[1, 5]))
+
+
+def test_what_the_rewrite_cannot_express_is_a_one_line_model_error():
+    from edgec.compiler.frontend import import_onnx
+    from edgec.model import from_proto
+
+    proto, _ = recurrent("LSTM", activations=["Sigmoid", "Gelu", "Tanh"])
+    with pytest.raises(ModelError, match="activation 'Gelu'"):
+        import_onnx(from_proto(proto, "bad_activation"))
+    proto, _ = recurrent("GRU", activations=["Sigmoid"])
+    with pytest.raises(ModelError, match="lists 1 activations; it needs 2 per direction"):
+        import_onnx(from_proto(proto, "few_activations"))
+
+
+@pytest.mark.slow
+def test_lstm_tagger_end_to_end_with_library_dispatch(tmp_path):
+    """A two-layer LSTM (the second bidirectional) compiled by edgec for the host with its
+    default routes, run by the Python runtime at profiled and unseen lengths."""
+    from edgec import runtime
+    from edgec.build import build
+    from edgec.model import from_proto
+    from edgec.plan import plan
+    from edgec.profile import profile
+    from edgec.samples import Sample
+    from edgec.targets import load_target
+
+    rng = np.random.default_rng(3)
+    hidden, features = 16, 8
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [weight("W1", 1, 4 * hidden, features), weight("R1", 1, 4 * hidden, hidden),
+             weight("B1", 1, 8 * hidden), weight("W2", 2, 4 * hidden, hidden),
+             weight("R2", 2, 4 * hidden, hidden), weight("B2", 2, 8 * hidden)]
+    nodes = [helper.make_node("LSTM", ["X", "W1", "R1", "B1"], ["Y1"], hidden_size=hidden),
+             helper.make_node("Squeeze", ["Y1", "axis1"], ["S1"]),
+             helper.make_node("LSTM", ["S1", "W2", "R2", "B2"], ["Y2", "H2"], hidden_size=hidden,
+                              direction="bidirectional")]
+    inits.append(numpy_helper.from_array(np.array([1], np.int64), "axis1"))
+    proto = model(nodes, [vi("X", F, ["seq", 1, features])],
+                  [vi("Y2", F, ["seq", 2, 1, hidden]), vi("H2", F, [2, 1, hidden])], inits)
+    path = tmp_path / "tagger.onnx"
+    onnx.save(proto, str(path))
+    edgec_model = from_proto(proto, "lstm_tagger", str(path))
+    seen = [Sample(f"s{n}", {"X": rng.standard_normal((n, 1, features)).astype(np.float32)})
+            for n in (3, 5, 5, 9)]
+    target = load_target("x86_64")
+    artifact = build(edgec_model, plan(edgec_model, profile(edgec_model, seen), target), [target])
+    artifact.save(tmp_path / "tagger.edgec")
+    loaded = runtime.load(tmp_path / "tagger.edgec")
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (5, 9, 17, 1):
+        x = {"X": rng.standard_normal((n, 1, features)).astype(np.float32)}
+        got, expected = loaded.run(x), session.run(None, x)
+        for name, want in zip(("Y2", "H2"), expected):
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at seq {n}")
+
+
+def test_cost_model_features_count_a_recurrent_layer_as_a_loop_of_matmuls():
+    from edgec.costmodel.features import region_features
+    from edgec.model import from_proto
+    from edgec.regions import cut_regions
+    from edgec.targets import load_target
+
+    proto, _ = recurrent("LSTM", hidden=8, features=6, directions=2, layout=1)
+    lstm = from_proto(proto, "lstm_features")
+    cut = cut_regions(lstm)[0]
+    feats = region_features(lstm, cut, {"seq": 10, "batch": 3}, "symbolic", load_target("x86_64"))
+    # Per step and batch row, 2 directions x 32 gate rows x (6 inputs + 8 hidden) multiply-adds;
+    # the input part is one library matmul before the loop.
+    assert 10 ** feats["log_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 14, rel=1e-4)
+    assert 10 ** feats["log_library_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 6, rel=1e-4)
+    assert 10 ** feats["log_trips"] - 1 == pytest.approx(10)
+    assert feats["control_flow"] == 1 and feats["frac_matmul"] == 1
