@@ -1,0 +1,232 @@
+"""edgec's converters for ops whose TVM conversion compiled but computed something else than ONNX
+(Sum of one input, IsInf's detect_* flags, SpaceToDepth CRD, Mod fmod=0 on floats, BitShift out of
+range, ConvTranspose output_shape, Resize with scales/antialias/policies, NonMaxSuppression's IoU
+boundary): each against ONNX's reference evaluator over several attribute combinations."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_converters_ops import _model, _reference
+
+from edgec import conformance
+from edgec.compiler.frontend import import_onnx
+from edgec.errors import ModelError
+from edgec.model import from_proto
+
+_RNG = np.random.default_rng(1234)
+
+
+def _vi(name, array_or_dtype, shape=None):
+    if shape is None:
+        array_or_dtype, shape = array_or_dtype.dtype, array_or_dtype.shape
+    return helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(np.dtype(array_or_dtype)), list(shape))
+
+
+def _check(model, inputs, rtol=1e-5, atol=1e-6, signed_zeros=False):
+    got = conformance.run(model, inputs)
+    expected = _reference(model, inputs)
+    assert len(got) == len(expected)
+    for value, want in zip(got, expected):
+        want = np.asarray(want)
+        assert value.shape == want.shape
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(value, want, rtol=rtol, atol=atol, equal_nan=True)
+            if signed_zeros:
+                np.testing.assert_array_equal(np.signbit(value), np.signbit(want))
+        else:
+            np.testing.assert_array_equal(value, want)
+
+
+def test_sum_of_one_input_is_that_input():
+    x = _RNG.standard_normal((2, 3)).astype(np.float32)
+    model = _model([helper.make_node("Sum", ["x"], ["y"], name="sum")], [_vi("x", x)],
+                   [_vi("y", x)])
+    _check(model, [x])
+
+
+def test_sum_of_three_broadcast_inputs():
+    a, b, c = (_RNG.standard_normal(s).astype(np.float32) for s in [(2, 3), (3,), (2, 1)])
+    model = _model([helper.make_node("Sum", ["a", "b", "c"], ["y"], name="sum")],
+                   [_vi("a", a), _vi("b", b), _vi("c", c)], [_vi("y", np.float32, (2, 3))])
+    _check(model, [a, b, c])
+
+
+@pytest.mark.parametrize("positive,negative", [(1, 1), (1, 0), (0, 1), (0, 0)])
+def test_isinf_detect_flags(positive, negative):
+    x = np.array([-np.inf, -1.5, 0.0, np.nan, 2.0, np.inf, -np.inf], np.float32)
+    node = helper.make_node("IsInf", ["x"], ["y"], detect_positive=positive,
+                            detect_negative=negative, name="isinf")
+    model = _model([node], [_vi("x", x)], [_vi("y", np.bool_, x.shape)], opset=20)
+    _check(model, [x])
+
+
+@pytest.mark.parametrize("mode,block", [("DCR", 2), ("CRD", 2), ("CRD", 3)])
+def test_space_to_depth_modes(mode, block):
+    x = _RNG.standard_normal((2, 3, 2 * block, 3 * block)).astype(np.float32)
+    node = helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=block, mode=mode, name="s2d")
+    model = _model([node], [_vi("x", x)], [_vi("y", np.float32, (2, 3 * block * block, 2, 3))],
+                   opset=28)
+    _check(model, [x])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mod_fmod0_float_edge_cases_and_broadcast(dtype):
+    inf, nan = np.inf, np.nan
+    x = np.array([0, -0.0, 0, -0.0, -3, 3, -1, 1, inf, -inf, 1, 1, nan, 1, 5.5, -5.5, 5.5, -5.5],
+                 dtype)
+    y = np.array([-2, 2, 2, -2, inf, inf, -inf, -inf, 2, 2, 0, -0.0, 2, nan, 2, 2, -2, -2], dtype)
+    model = _model([helper.make_node("Mod", ["x", "y"], ["z"], fmod=0, name="mod")],
+                   [_vi("x", x), _vi("y", y)], [_vi("z", x)], opset=13)
+    _check(model, [x, y], signed_zeros=True)
+    a = (_RNG.standard_normal((3, 4)) * 10).astype(dtype)
+    b = np.array([1.5, -2.25, 3.0, -0.5], dtype)
+    model = _model([helper.make_node("Mod", ["a", "b"], ["z"], fmod=0, name="mod")],
+                   [_vi("a", a), _vi("b", b)], [_vi("z", a)], opset=13)
+    _check(model, [a, b])
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.uint8])
+def test_bitshift_out_of_range_shifts(direction, dtype):
+    bits = np.iinfo(dtype).bits
+    lo = -3 if np.iinfo(dtype).min < 0 else 0
+    y = np.arange(lo, bits + 4).astype(dtype)
+    x = np.resize(np.array([-8, 5, -1, 1, 100], np.int64), y.shape).astype(dtype)
+    node = helper.make_node("BitShift", ["x", "y"], ["z"], direction=direction, name="shift")
+    model = _model([node], [_vi("x", x), _vi("y", y)], [_vi("z", x)], opset=28)
+    _check(model, [x, y])
+
+
+def _conv_transpose(spatial, with_bias, out, **attrs):
+    w = _RNG.standard_normal((2, 3) + (3,) * spatial).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    names = ["x", "w"]
+    if with_bias:
+        inits.append(numpy_helper.from_array(_RNG.standard_normal(3).astype(np.float32), "b"))
+        names.append("b")
+    node = helper.make_node("ConvTranspose", names, ["y"], name="convt", **attrs)
+    x_info = _vi("x", np.float32, (1, 2) + (3,) * spatial)
+    return _model([node], [x_info], [_vi("y", np.float32, [1, 3] + out)], inits, opset=17)
+
+
+@pytest.mark.parametrize("spatial,strides,output_shape,extra", [
+    (2, [3, 2], [10, 8], {}),                                    # past what the kernels cover
+    (2, [3, 2], [11, 9], {"auto_pad": "SAME_UPPER"}),            # SAME_* split negative pads
+    (2, [3, 3], [10, 11], {"auto_pad": "SAME_LOWER", "bias": True}),
+    (2, [2, 2], [5, 6], {"auto_pad": "SAME_UPPER"}),             # positive pads
+    (2, [2, 1], [6, 4], {"auto_pad": "SAME_LOWER", "dilations": [2, 1], "bias": True}),
+    (1, [3], [11], {"output_padding": [1], "bias": True}),       # bias reaches the zero rows
+])
+def test_conv_transpose_output_shape(spatial, strides, output_shape, extra):
+    extra = dict(extra)
+    with_bias = extra.pop("bias", False)
+    model = _conv_transpose(spatial, with_bias, output_shape, strides=strides,
+                            output_shape=output_shape, **extra)
+    x = _RNG.standard_normal((1, 2) + (3,) * spatial).astype(np.float32)
+    _check(model, [x], rtol=1e-4, atol=1e-5)
+
+
+def test_conv_transpose_output_shape_inside_the_kernels_pads_as_the_spec_says():
+    """NOTSET with a smaller output: the spec's pads, more at the start (the reference refuses)."""
+    x = _RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    shaped = _conv_transpose(2, True, [5, 6], strides=[2, 2], output_shape=[5, 6])
+    padded = _conv_transpose(2, True, [5, 6], strides=[2, 2], pads=[1, 1, 1, 0])
+    for init_a, init_b in zip(shaped.graph.initializer, padded.graph.initializer):
+        init_b.CopyFrom(init_a)
+    (y,) = conformance.run(shaped, [x])
+    np.testing.assert_allclose(y, _reference(padded, [x])[0], rtol=1e-4, atol=1e-5)
+
+
+_RESIZES = [
+    # (input shape, scales or None, sizes or None, attributes)
+    ((1, 2, 4, 6), [1, 1, 0.6, 0.7], None, {"mode": "linear"}),
+    ((1, 1, 5, 7), [1, 1, 0.6, 0.8], None, {"mode": "cubic"}),
+    ((1, 1, 4, 4), [1, 1, 0.8, 0.8], None, {"mode": "cubic", "cubic_coeff_a": -0.5,
+                                             "exclude_outside": 1}),
+    ((1, 1, 2, 4), [1, 1, 0.6, 0.6], None, {"mode": "linear",
+                                             "coordinate_transformation_mode": "align_corners"}),
+    ((1, 1, 4, 5), [1, 1, 0.6, 1.7], None, {"mode": "linear",
+                                             "coordinate_transformation_mode": "asymmetric"}),
+    ((1, 1, 5, 5), [1, 1, 0.7, 1.3], None, {"mode": "linear", "coordinate_transformation_mode":
+                                             "half_pixel_symmetric"}),
+    ((1, 1, 6, 7), [1, 1, 0.45, 0.6], None, {"mode": "nearest", "nearest_mode": "ceil"}),
+    ((1, 1, 8, 8), [1, 1, 0.6, 0.35], None, {"mode": "linear", "antialias": 1}),
+    ((1, 1, 8, 9), [1, 1, 0.5, 0.7], None, {"mode": "cubic", "antialias": 1}),
+    ((1, 1, 8, 9), None, [1, 1, 3, 5], {"mode": "cubic", "antialias": 1,
+                                         "coordinate_transformation_mode": "pytorch_half_pixel"}),
+    ((1, 1, 4, 6), None, [3, 3], {"mode": "nearest", "axes": [2, 3],
+                                  "keep_aspect_ratio_policy": "not_larger"}),
+    ((1, 1, 4, 6), None, [3, 3], {"mode": "linear", "axes": [3, 2],
+                                  "keep_aspect_ratio_policy": "not_smaller"}),
+    ((2, 1, 5), [1, 1, 0.5], None, {"mode": "linear"}),
+    ((2, 3, 4, 4), [1, 1, 1.5, 2.0], None, {"mode": "linear"}),  # TVM's own path
+]
+
+
+@pytest.mark.parametrize("shape,scales,sizes,attrs", _RESIZES)
+def test_resize_against_the_reference(shape, scales, sizes, attrs):
+    x = _RNG.standard_normal(shape).astype(np.float32)
+    inits, names = [], ["x", ""]
+    if scales is not None:
+        inits.append(numpy_helper.from_array(np.array(scales, np.float32), "scales"))
+        names.append("scales")
+    else:
+        inits.append(numpy_helper.from_array(np.array(sizes, np.int64), "sizes"))
+        names += ["", "sizes"]
+    node = helper.make_node("Resize", names, ["y"], name="resize", **attrs)
+    model = _model([node], [_vi("x", x)], [_vi("y", np.float32, [None] * len(shape))], inits,
+                   opset=19)
+    _check(model, [x], rtol=1e-4, atol=1e-5)
+
+
+def test_resize_tf_crop_and_resize_with_extrapolation():
+    x = _RNG.standard_normal((1, 1, 5, 6)).astype(np.float32)
+    roi = np.array([0, 0, -0.2, 0.3, 1, 1, 0.7, 1.4], np.float32)
+    inits = [numpy_helper.from_array(roi, "roi"),
+             numpy_helper.from_array(np.array([1, 1, 0.8, 1.5], np.float32), "scales")]
+    node = helper.make_node("Resize", ["x", "roi", "scales"], ["y"], mode="linear",
+                            coordinate_transformation_mode="tf_crop_and_resize",
+                            extrapolation_value=7.0, name="resize")
+    model = _model([node], [_vi("x", x)], [_vi("y", np.float32, [1, 1, 4, 9])], inits, opset=19)
+    _check(model, [x], rtol=1e-4, atol=1e-5)
+
+
+def _nms_model(iou_threshold):
+    inits = [numpy_helper.from_array(np.array([3], np.int64), "max"),
+             numpy_helper.from_array(np.array([iou_threshold], np.float32), "iou"),
+             numpy_helper.from_array(np.array([0.0], np.float32), "score")]
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max", "iou", "score"],
+                            ["sel"], name="nms")
+    inputs = [_vi("boxes", np.float32, [1, 6, 4]), _vi("scores", np.float32, [1, 2, 6])]
+    return _model([node], inputs,
+                  [_vi("sel", np.int64, [None, 3])], inits, opset=11)
+
+
+@pytest.mark.parametrize("iou_threshold", [np.float32(1 / 7), 0.3, 0.0])
+def test_nms_keeps_a_box_whose_iou_equals_the_threshold(iou_threshold):
+    boxes = np.array([[[0, 0, 1, 1], [0.5, 0.5, 1.5, 1.5], [0, 0, 1, 1.2], [3, 3, 4, 4],
+                       [3.2, 3.1, 4.1, 4.2], [10, 10, 11, 11]]], np.float32)
+    scores = np.array([[[0.9, 0.8, 0.7, 0.6, 0.5, 0.4], [0.1, 0.9, 0.3, 0.8, 0.2, 0.05]]],
+                      np.float32)
+    _check(_nms_model(iou_threshold), [boxes, scores])
+
+
+def test_nms_with_a_runtime_iou_threshold_is_a_clear_error():
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max", "iou"], ["sel"],
+                            name="nms")
+    model = _model([node], [_vi("boxes", np.float32, [1, 2, 4]),
+                            _vi("scores", np.float32, [1, 1, 2]),
+                            _vi("max", np.int64, [1]), _vi("iou", np.float32, [1])],
+                   [_vi("sel", np.int64, [None, 3])], opset=11)
+    with pytest.raises(ModelError, match="iou_threshold must be known at compile time"):
+        import_onnx(from_proto(model))
+
+
+def test_resize_that_tvm_computes_right_stays_one_resize2d():
+    x_info = _vi("x", np.float32, (1, 2, 4, 4))
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize")
+    model = _model([node], [x_info], [_vi("y", np.float32, (1, 2, 8, 8))],
+                   [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")],
+                   opset=19)
+    assert "image.resize2d" in import_onnx(from_proto(model)).script()
