@@ -230,3 +230,21 @@ def test_resize_that_tvm_computes_right_stays_one_resize2d():
                    [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")],
                    opset=19)
     assert "image.resize2d" in import_onnx(from_proto(model)).script()
+
+
+def test_constant_of_shape_with_a_shape_computed_at_run_time():
+    """Zeros [batch, 5] built from the input's shape, as exported models build initial states."""
+    x = _RNG.standard_normal((2, 4, 3)).astype(np.float32)
+    one, hidden = (numpy_helper.from_array(np.array([v], np.int64), n) for v, n in ((1, "one"), (5, "h")))
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["b"]),
+             helper.make_node("Concat", ["b", "h"], ["shape"], axis=0),
+             helper.make_node("ConstantOfShape", ["shape"], ["z"],
+                              value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5])),
+             helper.make_node("ReduceSum", ["x", "axes"], ["r"], keepdims=0),
+             helper.make_node("MatMul", ["r", "w"], ["p"]),
+             helper.make_node("Add", ["z", "p"], ["y"])]
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    w = numpy_helper.from_array(_RNG.standard_normal((3, 5)).astype(np.float32), "w")
+    model = _model(nodes, [_vi("x", np.float32, ["a", "b", 3])], [_vi("y", np.float32, ["b", 5])],
+                   initializers=[one, hidden, axes, w])
+    _check(model, [x])

@@ -362,7 +362,8 @@ def _canonical_groups(analysis: _Analysis) -> list[_Group]:
                     or [int(a) for a in axes] != [0] or value.attrs.keepdims):
                 continue
             items = list(stacked.args[0].fields)
-            if not all(_same_shape(item, var) for item in items):
+            # One item (ONNX Sum of one input) is not a chain of adds: it stays as TVM has it.
+            if len(items) < 2 or not all(_same_shape(item, var) for item in items):
                 continue
 
             def build(visit, emit, items=items):

@@ -50,8 +50,7 @@ def rewrite_recurrent(proto: onnx.ModelProto, model_name: str,
             continue
         where = f"model '{model_name}': {node.op_type} node '{node.name or index}'"
         builder = _Builder(f"{node.name or node.op_type + str(index)}__{node.op_type}", opset,
-                           _elem_type(type_of(node.input[0])), proto.graph.initializer,
-                           lambda name: _dims(type_of(name)))
+                           _elem_type(type_of(node.input[0])), proto.graph.initializer)
         _Recurrent(node, builder, where).emit()
         nodes.extend(builder.nodes)
     del proto.graph.node[:]
@@ -65,12 +64,6 @@ def _elem_type(found: onnx.TypeProto | None) -> int:
     return TensorProto.FLOAT
 
 
-def _dims(found: onnx.TypeProto | None) -> list[int | None] | None:
-    if found is None or not found.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else None for d in found.tensor_type.shape.dim]
-
-
 def _is_recurrent(node: onnx.NodeProto) -> bool:
     return node.op_type in RECURRENT_OPS and node.domain in ("", "ai.onnx")
 
@@ -78,8 +71,8 @@ def _is_recurrent(node: onnx.NodeProto) -> bool:
 class _Builder:
     """Nodes and constants under one name prefix, written for the model's opset."""
 
-    def __init__(self, prefix: str, opset: int, elem_type: int, initializers, shape_of) -> None:
-        self.prefix, self.opset, self.elem_type, self.shape_of = prefix, opset, elem_type, shape_of
+    def __init__(self, prefix: str, opset: int, elem_type: int, initializers) -> None:
+        self.prefix, self.opset, self.elem_type = prefix, opset, elem_type
         self.dtype = helper.tensor_dtype_to_np_dtype(elem_type)
         self.initializers = initializers
         self.nodes: list[onnx.NodeProto] = []
@@ -116,10 +109,6 @@ class _Builder:
         self.nodes.append(helper.make_node("Split", [value], outs, name=self.fresh("Split"),
                                            axis=-1, **attrs))
         return outs
-
-    def static_dim(self, value: str, axis: int) -> int | None:
-        dims = self.shape_of(value)
-        return dims[axis] if dims is not None and len(dims) > axis and dims[axis] else None
 
     def take(self, value: str, index: int, axis: int = 0) -> str:
         return self.op("Gather", [value, self.const(index, "index", np.int64)], axis=axis)
@@ -238,21 +227,11 @@ class _Recurrent:
         return b.op("Add", [bias_w, bias_r])
 
     def _zero_state(self, x: str) -> str:
-        """Zeros [batch, hidden]. Built from the first step's input (``x > x`` is false even for
-        NaN) times a zero matrix, not with ConstantOfShape: a shape computed at run time would
-        leave the loop state without known dims, which the Scan lowering needs."""
+        """Zeros [batch, hidden], the batch read from X's shape."""
         b = self.b
-        first = b.take(x, 0)  # [batch, input]
-        false = b.op("Cast", [b.op("Greater", [first, first])], to=b.elem_type)
-        features = self._input_size()
-        return b.op("MatMul", [false, b.const(np.zeros((features, self.hidden)), "zeros")])
-
-    def _input_size(self) -> int:
-        size = self.b.static_dim(self.w, 2)
-        if size is None:
-            raise ModelError(f"{self.where} has a W of unknown input size; give W a static shape "
-                             f"or pass initial_h")
-        return size
+        batch = b.op("Gather", [b.op("Shape", [x]), b.const([1], "axis", np.int64)])
+        shape = b.op("Concat", [batch, b.const([self.hidden], "hidden", np.int64)], axis=0)
+        return b.op("ConstantOfShape", [shape], value=helper.make_tensor("zero", b.elem_type, [1], [0]))
 
     def _step_mask(self, x: str) -> str:
         """[seq, batch, 1] bool: whether step t is inside batch row n's sequence."""
@@ -288,8 +267,7 @@ class _Recurrent:
     def _body(self, d: int, r: str, bias_r: str | None) -> onnx.GraphProto:
         """One time step: (states..., projected input[, mask]) -> (states..., output)."""
         outer = self.b
-        b = _Builder(f"{outer.prefix}/d{d}", outer.opset, outer.elem_type, outer.initializers,
-                     outer.shape_of)
+        b = _Builder(f"{outer.prefix}/d{d}", outer.opset, outer.elem_type, outer.initializers)
         b._count = outer._count  # constants go to the outer graph: keep their names unique
         states = [b.fresh("h_in")] + ([b.fresh("c_in")] if self.kind == "LSTM" else [])
         step_in = b.fresh("x_in")

@@ -58,6 +58,87 @@ class LpNormalization:
         return convert
 
 
+def shape_with_dims(bb: relax.BlockBuilder, shape: relax.Expr) -> relax.Expr:
+    """A shape computed at run time (a 1-D int64 tensor of static length) as a ShapeExpr: of the
+    input dims it was computed from where the computation can be followed (``Shape`` ->
+    ``Gather`` -> ``Concat`` and the like), else of fresh symbolic dims. TVM's converters pass
+    such a tensor through ``tensor_to_shape``, which leaves the result without dims that
+    legalization could lower. Other values pass through."""
+    ty = shape.ty
+    if not (isinstance(ty, relax.TensorType) and ty.ndim == 1 and ty.shape is not None
+            and isinstance(ty.shape.values[0], tvm.tirx.IntImm)):
+        return shape
+    known = _symbolic_values(bb, shape)
+    if known is not None and len(known) == int(ty.shape.values[0]):
+        return relax.ShapeExpr(known)
+    dims = [tvm.tirx.Var(f"s{k}", "int64") for k in range(int(ty.shape.values[0]))]
+    value = bb.emit(relax.op.tensor_to_shape(shape))
+    bb.match_cast(value, relax.ShapeType(dims))
+    return relax.ShapeExpr(dims)
+
+
+def _symbolic_values(bb: relax.BlockBuilder, expr: relax.Expr, depth: int = 0) -> list | None:
+    """The elements of a small int64 tensor (rank 0 or 1) as ints or symbolic dims, following
+    the bindings that computed it; None where it depends on data."""
+    if depth > 32:
+        return None
+    if isinstance(expr, relax.Var):
+        bound = bb.lookup_binding(expr)
+        return None if bound is None else _symbolic_values(bb, bound, depth + 1)
+    if isinstance(expr, tvm.ir.GenericConst):
+        array = np.asarray(expr.value.numpy())
+        return [int(v) for v in array.reshape(-1)] if array.dtype.kind in "iu" and array.ndim <= 1 else None
+    if isinstance(expr, relax.ShapeExpr):
+        return [int(v) if isinstance(v, tvm.tirx.IntImm) else v for v in expr.values]
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    name, args = expr.op.name, expr.args
+
+    def values(k: int) -> list | None:
+        return _symbolic_values(bb, args[k], depth + 1)
+
+    def numbers(k: int) -> list[int] | None:
+        found = values(k)
+        return found if found is not None and all(isinstance(v, int) for v in found) else None
+
+    if name in ("relax.shape_to_tensor", "relax.astype") or (
+            name == "relax.reshape" and expr.ty.ndim <= 1):
+        return values(0)
+    if name == "relax.shape_of":
+        ty = args[0].ty
+        return None if ty.shape is None else _symbolic_values(bb, ty.shape, depth + 1)
+    if name == "relax.concat" and isinstance(args[0], relax.Tuple):
+        parts = [_symbolic_values(bb, f, depth + 1) for f in args[0].fields]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+    if name == "relax.take" and int(expr.attrs.axis or 0) == 0:
+        data, index = values(0), numbers(1)
+        if data is None or index is None:
+            return None
+        return [data[i % len(data)] for i in index] if all(-len(data) <= i < len(data) for i in index) else None
+    if name in ("relax.add", "relax.less", "relax.where"):
+        operands = [numbers(k) for k in range(len(args))]
+        if any(o is None for o in operands):
+            return None
+        arrays = [np.asarray(o) for o in operands]
+        result = (arrays[0] + arrays[1] if name == "relax.add" else arrays[0] < arrays[1]
+                  if name == "relax.less" else np.where(arrays[0].astype(bool), arrays[1], arrays[2]))
+        return [int(v) for v in np.asarray(result).reshape(-1)]
+    return None
+
+
+class ConstantOfShape:
+    """ONNX ConstantOfShape with a shape computed at run time (``Shape`` -> ``Gather`` ->
+    ``Concat``, as exported models build zero states): TVM's converter leaves it unlowerable."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.ConstantOfShape.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            return fallback(bb, [shape_with_dims(bb, inputs[0])], attrs, params)
+        return convert
+
+
 class Pow:
     """ONNX Pow with base and exponent of different types (TVM wants one) or integer ones (TVM
     computes floats only): the result has the base's type."""
@@ -98,21 +179,6 @@ class OneHot:
             if isinstance(depth, tvm.ir.GenericConst):
                 depth = relax.const(np.int64(np.asarray(depth.value.numpy()).reshape(-1)[0]))
             return fallback(bb, [indices, depth, *inputs[2:]], attrs, params)
-        return convert
-
-
-class Sum:
-    """ONNX Sum: a single input is itself (edgec's rewrite of ``sum(stack(...))`` into adds
-    counted a lone input twice)."""
-
-    @classmethod
-    def get_converter(cls, opset: int) -> Callable:
-        fallback = onnx_frontend.Sum.get_converter(opset)
-
-        def convert(bb, inputs, attrs, params):
-            if len(inputs) == 1:
-                return inputs[0]
-            return fallback(bb, inputs, attrs, params)
         return convert
 
 
