@@ -248,3 +248,63 @@ def test_constant_of_shape_with_a_shape_computed_at_run_time():
     model = _model(nodes, [_vi("x", np.float32, ["a", "b", 3])], [_vi("y", np.float32, ["b", 5])],
                    initializers=[one, hidden, axes, w])
     _check(model, [x])
+
+
+@pytest.mark.parametrize("op", ["Conv", "MatMul"])
+def test_reduction_of_extent_one_keeps_its_epilogue_once(op):
+    """A 1x1 conv or a matmul over K=1 (TVM kernels: the weight is an input, not a constant)
+    fused with an elementwise epilogue: the schedule must not apply the epilogue twice."""
+    rng = np.random.default_rng(7)
+    if op == "Conv":
+        x, w = rng.standard_normal((1, 1, 5, 5)), rng.standard_normal((3, 1, 1, 1))
+        out = (1, 3, 5, 5)
+    else:
+        x, w = rng.standard_normal((6, 1)), rng.standard_normal((1, 4))
+        out = (6, 4)
+    x, w = x.astype(np.float32), w.astype(np.float32)
+    one = numpy_helper.from_array(np.array(1.5, np.float32), "one")
+    nodes = [helper.make_node(op, ["x", "w"], ["p"]), helper.make_node("Add", ["p", "one"], ["y"])]
+    model = _model(nodes, [_vi("x", x), _vi("w", w)], [_vi("y", np.float32, out)], initializers=[one])
+    _check(model, [x, w])
+
+
+def _q(name, array):
+    return numpy_helper.from_array(np.asarray(array), name)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinearconv_per_channel_weights_with_bias_and_padding(dtype):
+    rng = np.random.default_rng(11)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, (1, 3, 6, 6), endpoint=True).astype(dtype)
+    w = rng.integers(info.min, info.max, (4, 3, 3, 3), endpoint=True).astype(dtype)
+    inits = [_q("xs", np.float32(0.02)), _q("xz", dtype(7)), _q("w", w),
+             _q("ws", rng.uniform(0.001, 0.01, 4).astype(np.float32)),
+             _q("wz", np.zeros(4, dtype)), _q("ys", np.float32(0.05)), _q("yz", dtype(3)),
+             _q("b", rng.integers(-500, 500, 4).astype(np.int32))]
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                            ["y"], pads=[1, 1, 1, 1], strides=[2, 2])
+    model = _model([node], [_vi("x", x)], [_vi("y", dtype, (1, 4, 3, 3))], initializers=inits)
+    _check(model, [x])
+
+
+def test_qlinearmatmul_per_row_and_per_column_scales():
+    rng = np.random.default_rng(12)
+    a = rng.integers(0, 255, (2, 5, 8), endpoint=True).astype(np.uint8)
+    b = rng.integers(-128, 127, (8, 6), endpoint=True).astype(np.int8)
+    inits = [_q("as", np.float32(0.03)), _q("az", np.uint8(120)), _q("b", b),
+             _q("bs", rng.uniform(0.01, 0.05, 6).astype(np.float32)), _q("bz", np.zeros(6, np.int8)),
+             _q("ys", np.float32(0.2)), _q("yz", np.uint8(128))]
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    model = _model([node], [_vi("a", a)], [_vi("y", np.uint8, (2, 5, 6))], initializers=inits)
+    _check(model, [a])
+
+
+def test_convinteger_per_channel_weight_zero_points():
+    rng = np.random.default_rng(13)
+    x = rng.integers(0, 255, (1, 2, 5, 5), endpoint=True).astype(np.uint8)
+    w = rng.integers(0, 255, (3, 2, 2, 2), endpoint=True).astype(np.uint8)
+    inits = [_q("w", w), _q("xz", np.uint8(100)), _q("wz", np.array([3, 128, 250], np.uint8))]
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=[0, 1, 0, 1])
+    model = _model([node], [_vi("x", x)], [_vi("y", np.int32, (1, 3, 4, 6))], initializers=inits)
+    _check(model, [x])

@@ -386,6 +386,13 @@ class _SimpleKernel(dlight.ScheduleRule):
         infos = normalize_prim_func(sch)
         if infos is None:
             return None
+        # A reduction with consumers (conv2d then a requantizing epilogue) must not take them
+        # in: with its reduction loops of extent 1 (a 1x1 conv, normalized away) the block looks
+        # spatial, try_inline moves the epilogue into it, and TVM applies it to the T.init value
+        # too, so the epilogue ran twice (QLinearConv's zero point was added twice).
+        if any(sch.get(info.block_rv).init is not None and sch.get_consumers(info.block_rv)
+               for info in infos):
+            return None
         infos = try_inline(sch, infos)
         if len(infos) != 1:
             return None

@@ -29,3 +29,6 @@ CONVERTERS["BitShift"] = ops.BitShift
 CONVERTERS["ConvTranspose"] = ops.ConvTranspose
 CONVERTERS["Resize"] = ops.Resize
 CONVERTERS["NonMaxSuppression"] = ops.NonMaxSuppression
+CONVERTERS["QLinearMatMul"] = ops.QLinearMatMul
+CONVERTERS["QLinearConv"] = ops.QLinearConv
+CONVERTERS["ConvInteger"] = ops.ConvInteger

@@ -608,3 +608,107 @@ class NonMaxSuppression:
             inputs[3] = relax.const(np.array([above], np.float32))
             return fallback(bb, inputs, attrs, params)
         return convert
+
+
+def _per_axis(bb, value, rank: int, axis: int):
+    """A scale or zero point as float32: a scalar as it is, a 1-D one shaped to broadcast along
+    ``axis``."""
+    value = bb.normalize(relax.op.astype(value, "float32"))
+    if value.ty.ndim != 1 or rank <= 1:
+        return value
+    shape = [1] * rank
+    shape[axis % rank] = -1
+    return relax.op.reshape(value, shape)
+
+
+def _dequantized(bb, x, scale, zero_point, axis: int):
+    """``x`` (integer) as float32: ``(x - zero_point) * scale``, per tensor or, for a 1-D
+    ``scale``, per slice along ``axis``. Float32 whatever the scale's type: the integer
+    operators these stand for accumulate exactly, float16 would not. (Written out: TVM's
+    dequantize subtracts a uint8 zero point in uint8, which wraps.)"""
+    rank = x.ty.ndim
+    value = relax.op.astype(x, "float32")
+    if zero_point is not None:
+        value = relax.op.subtract(value, _per_axis(bb, zero_point, rank, axis))
+    return bb.normalize(relax.op.multiply(value, _per_axis(bb, scale, rank, axis)))
+
+
+def _quantized(bb, y, scale, zero_point, axis: int):
+    """Float ``y`` rounded half to even onto ``zero_point``'s integer type (uint8 without one),
+    saturating. (Written out: TVM's quantize adds a constant zero point in its integer type,
+    which wraps below zero.)"""
+    dtype = "uint8" if zero_point is None else str(zero_point.ty.dtype)
+    rank = y.ty.ndim
+    value = relax.op.round(relax.op.divide(relax.op.astype(y, "float32"), _per_axis(bb, scale, rank, axis)))
+    if zero_point is not None:
+        value = relax.op.add(value, _per_axis(bb, zero_point, rank, axis))
+    info = np.iinfo(np.dtype(dtype))
+    return relax.op.astype(relax.op.clip(value, float(info.min), float(info.max)), dtype)
+
+
+class QLinearMatMul:
+    """ONNX QLinearMatMul (the "QOperator" format of quantized models): ``a`` per tensor or per
+    row, ``b`` per tensor or per column, the result requantized per tensor or per row."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
+            product = bb.normalize(relax.op.matmul(_dequantized(bb, a, a_scale, a_zp, -2),
+                                                   _dequantized(bb, b, b_scale, b_zp, -1)))
+            return _quantized(bb, product, y_scale, y_zp, -2)
+        return convert
+
+
+class QLinearConv:
+    """ONNX QLinearConv: the convolution of the dequantized input and (per output channel)
+    weights plus the int32 bias at scale ``x_scale * w_scale``, requantized. The convolution
+    itself is TVM's ONNX Conv converter, so every Conv attribute means the same."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        conv = onnx_frontend.Conv.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp = inputs[:8]
+            bias = inputs[8] if len(inputs) > 8 else None
+            args = [_dequantized(bb, x, x_scale, x_zp, 1), _dequantized(bb, w, w_scale, w_zp, 0)]
+            if bias is not None:
+                scales = relax.op.multiply(relax.op.astype(x_scale, "float32"),
+                                           relax.op.astype(w_scale, "float32"))
+                args.append(bb.normalize(relax.op.multiply(relax.op.astype(bias, "float32"), scales)))
+            else:
+                args.append(None)  # TVM's Conv converter reads the bias slot
+            out = bb.normalize(conv(bb, args, attrs, params))
+            return _quantized(bb, out, y_scale, y_zp, 1)
+        return convert
+
+
+class ConvInteger:
+    """ONNX ConvInteger: the int32 convolution of the inputs less their zero points (the
+    weights' per output channel), through TVM's ONNX Conv converter."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        conv = onnx_frontend.Conv.get_converter(opset)
+
+        def widened(bb, value, zero_point, rank: int):
+            value = relax.op.astype(value, "int32")
+            if zero_point is None:
+                return bb.normalize(value)
+            zero_point = bb.normalize(relax.op.astype(zero_point, "int32"))
+            if zero_point.ty.ndim == 1:  # one per output channel (axis 0 of the weights)
+                zero_point = relax.op.reshape(zero_point, [-1] + [1] * (rank - 1))
+            return bb.normalize(relax.op.subtract(value, zero_point))
+
+        def convert(bb, inputs, attrs, params):
+            x, w = inputs[0], inputs[1]
+            x_zp = inputs[2] if len(inputs) > 2 else None
+            w_zp = inputs[3] if len(inputs) > 3 else None
+            rank = w.ty.ndim
+            args = [widened(bb, x, x_zp, 1 if x_zp is None else 0) if x_zp is None else
+                    widened(bb, x, bb.normalize(relax.op.reshape(x_zp, [])) if
+                            bb.normalize(x_zp).ty.ndim == 1 else x_zp, 0),
+                    widened(bb, w, w_zp, rank), None]  # no bias; TVM's Conv reads the slot
+            return conv(bb, args, attrs, params)
+        return convert
