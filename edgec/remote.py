@@ -98,7 +98,7 @@ class RemoteModel:
         import tvm
 
         bind_inputs(self.inputs, inputs, f"inputs to '{Path(self.path).name}'", SamplesError)
-        args = [tvm.runtime.tensor(np.ascontiguousarray(inputs[spec.name]), self._device)
+        args = [tvm.runtime.tensor(np.require(inputs[spec.name], requirements="C"), self._device)
                 for spec in self.inputs]
         values = _flatten(self._main(*args))
         if len(values) != len(self.outputs):

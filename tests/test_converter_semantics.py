@@ -308,3 +308,14 @@ def test_convinteger_per_channel_weight_zero_points():
     node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=[0, 1, 0, 1])
     model = _model([node], [_vi("x", x)], [_vi("y", np.int32, (1, 3, 4, 6))], initializers=inits)
     _check(model, [x])
+
+
+def test_min_of_a_scalar_and_a_scalar_constant():
+    """Min(ReduceMin(x), 0): the importer broadcasts the 0-d constant to shape (); folding it
+    must keep it 0-d (np.ascontiguousarray made it 1-d and the stack failed to type)."""
+    x = _RNG.standard_normal((3, 4)).astype(np.float32) + 2
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    nodes = [helper.make_node("ReduceMin", ["x"], ["r"], keepdims=0),
+             helper.make_node("Min", ["r", "zero"], ["y"])]
+    model = _model(nodes, [_vi("x", x)], [_vi("y", np.float32, ())], initializers=[zero])
+    _check(model, [x])

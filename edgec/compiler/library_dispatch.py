@@ -423,7 +423,8 @@ def _fold(value: relax.Expr, lookup, var: relax.Var) -> np.ndarray | None:
     result = np.asarray(result)
     if result.size != int(np.prod(shape)):
         return None
-    return np.ascontiguousarray(result.reshape(shape).astype(str(ty.dtype)))
+    # np.require, not np.ascontiguousarray, which makes a 0-d result 1-d.
+    return np.require(result.reshape(shape).astype(str(ty.dtype)), requirements="C")
 
 
 _NUMPY_BINARY = {"relax.add": np.add, "relax.subtract": np.subtract,
