@@ -40,14 +40,14 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     return functions
 
 
-def _import(model: Model, constants: dict[str, Any]) -> Any:
+def _import(model: Model, constants: dict[str, Any], native_loops: bool) -> Any:
     """The model as a Relax module, through the frontend of its kind; ``constants`` are the inputs
-    the plan fixed (found by the ONNX profile only)."""
+    the plan fixed (found by the ONNX profile only); ``native_loops``: see ``import_onnx``."""
     if model.kind == "torch":
         from .compiler.torch_frontend import import_torch  # torch is an optional extra
 
         return import_torch(model)
-    return import_onnx(model, constants)
+    return import_onnx(model, constants, native_loops=native_loops)
 
 
 def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
@@ -62,7 +62,7 @@ def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
     return specs
 
 
-def _programs(model: Model, plan: Plan) -> list[tuple[list[TensorSpec], Any]]:
+def _programs(model: Model, plan: Plan, native_loops: bool) -> list[tuple[list[TensorSpec], Any]]:
     """The Relax modules to try compiling, best first, each with the inputs as the manifest
     records them.
 
@@ -73,11 +73,11 @@ def _programs(model: Model, plan: Plan) -> list[tuple[list[TensorSpec], Any]]:
     """
     inputs = fixed_inputs(model, plan)
     constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
-    fixed = _import(model, constants)
+    fixed = _import(model, constants, native_loops)
     if not constants or any(isinstance(d, str) for s in inputs if s.name in constants for d in s.dims):
         return [(inputs, fixed)]  # a value check needs the input's shape fixed too
     try:
-        general = import_onnx(model)
+        general = import_onnx(model, native_loops=native_loops)
     except ModelError:  # no general path
         return [(inputs, fixed)]
     return [(list(model.inputs), add_value_dispatch(fixed, general, constants)), (inputs, fixed)]
@@ -118,23 +118,26 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             rewrite = library_rewrite(model.proto, quantization.decisions(),
                                       quantization.settings.scheme, rewritten)
     functions = _functions(plan)
+    # edgec's native loops (recurrent layers) run on the CPU: not in a module built for a GPU.
+    native_loops = all(target.kind == "llvm" for target in targets)
     if plan.multi_region:
         inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole
         try:
             mod = lower_regions(model, [
                 {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
                  "specializations": [s["dims"] for s in r.specializations],
-                 "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions])
+                 "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions],
+                native_loops=native_loops)
         except (ModelError, ValueError) as exc:
             # A region that does not import alone (an op needing a constant another region
             # computes) must not cost the model: compile it whole, symbolic, and say so.
-            mod = _import(model, {})
+            mod = _import(model, {}, native_loops)
             functions = [{"name": "main", "kind": "symbolic",
                           "note": f"regions not lowered separately: {describe(exc)}"}]
         compiled = _compile(mod, targets, rewrite)
     else:
         specializations = [s["dims"] for s in plan.regions[0].specializations]
-        programs = _programs(model, plan)
+        programs = _programs(model, plan, native_loops)
         for attempt, (inputs, mod) in enumerate(programs):
             try:
                 padding = pad_spec(plan.regions[0].padding, [i.name for i in inputs],

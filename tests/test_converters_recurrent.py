@@ -1,5 +1,6 @@
-"""ONNX LSTM, GRU and RNN rewritten as Scan (compiler/recurrent.py), checked against onnxruntime
-over their attributes, with symbolic sequence and batch dims, and end to end through edgec."""
+"""ONNX LSTM, GRU and RNN (compiler/recurrent.py), both ways they compile: as a Scan, and as
+edgec's native loop (edgec_recurrent, CPU targets). Checked against onnxruntime over their
+attributes, with symbolic sequence and batch dims, and end to end through edgec."""
 
 from __future__ import annotations
 
@@ -7,10 +8,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
-from test_converters_control_flow import model, run, vi
+from test_converters_control_flow import _outputs, model, vi
+from tvm import relax
 
+from edgec import runtime
+from edgec.build import build
+from edgec.compiler.frontend import import_onnx
 from edgec.errors import ModelError
+from edgec.model import from_proto
+from edgec.plan import plan
+from edgec.profile import profile
+from edgec.samples import Sample
+from edgec.targets import load_target
 
 F = TensorProto.FLOAT
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -131,37 +142,62 @@ def seq_major(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def check(proto: onnx.ModelProto, *feeds: dict[str, np.ndarray]) -> None:
-    """Every output of edgec's build of ``proto`` against onnxruntime's, for each feed."""
+def run_scan(proto: onnx.ModelProto, feeds) -> list[list[np.ndarray]]:
+    """The Scan form, compiled by TVM alone."""
+    mod = import_onnx(from_proto(proto, "recurrent_scan"), native_loops=False)
+    vm = relax.VirtualMachine(tvm.compile(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+    names = [value.name for value in proto.graph.input]
+    return [_outputs(vm["main"](*[tvm.runtime.tensor(feed[n]) for n in names])) for feed in feeds]
+
+
+def run_edgec(proto: onnx.ModelProto, feeds, tmp_path) -> tuple[list[list[np.ndarray]], dict]:
+    """Through edgec's pipeline for the host (the native loop where the layer allows): the
+    outputs and the artifact's library manifest."""
+    model_ = from_proto(proto, "recurrent_native")
+    samples = [Sample(f"s{k}", feed) for k, feed in enumerate(feeds)]
+    target = load_target("x86_64")
+    path = build(model_, plan(model_, profile(model_, samples), target), [target]).save(
+        tmp_path / "recurrent.edgec")
+    loaded = runtime.load(path)
+    names = [value.name for value in proto.graph.output]
+    return ([[loaded.run(feed)[n] for n in names] for feed in feeds],
+            loaded.manifest["libraries"]["x86_64"])
+
+
+def check(proto: onnx.ModelProto, feeds, tmp_path, native: bool) -> None:
+    """Both forms' outputs against onnxruntime's for each feed; ``native``: whether the layer
+    should have compiled to the native loop."""
     session = ort.InferenceSession(seq_major(proto).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
-    for feed in feeds:
-        expected = session.run(None, feed)
-        got = run(proto, feed)
-        assert len(got) == len(expected)
-        for index, (g, e) in enumerate(zip(got, expected)):
-            assert g.shape == e.shape, f"output {index}: shape {g.shape} != {e.shape}"
-            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5, err_msg=f"output {index}")
+    expected = [session.run(None, feed) for feed in feeds]
+    edgec_outputs, library = run_edgec(proto, feeds, tmp_path)
+    assert ("edgec_recurrent" in library["linked_functions"]) == native
+    for form, outputs in (("scan", run_scan(proto, feeds)), ("edgec", edgec_outputs)):
+        for got, want in zip(outputs, expected):
+            assert len(got) == len(want)
+            for index, (g, e) in enumerate(zip(got, want)):
+                assert g.shape == e.shape, f"{form} output {index}: shape {g.shape} != {e.shape}"
+                np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5, err_msg=f"{form} output {index}")
 
 
 @pytest.mark.parametrize("op,options", CASES, ids=lambda v: v if isinstance(v, str) else
                          "-".join(f"{k}={v}" for k, v in v.items()) or "defaults")
-def test_matches_onnxruntime_at_several_shapes(op, options):
+def test_matches_onnxruntime_at_several_shapes(op, options, tmp_path):
     proto, arrays = recurrent(op, **options)
-    check(proto, *(feed(proto, arrays, seq, batch, seed=seq) for seq, batch in ((4, 1), (7, 3), (1, 2))))
+    native = "activations" not in options or options["activations"] == ["Relu"]
+    check(proto, [feed(proto, arrays, seq, batch, seed=seq) for seq, batch in ((4, 1), (7, 3), (1, 2))],
+          tmp_path, native)
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
 @pytest.mark.parametrize("directions", [1, 2])
-def test_sequence_lens_leave_state_alone_past_each_rows_length(op, directions):
+def test_sequence_lens_leave_state_alone_past_each_rows_length(op, directions, tmp_path):
     proto, arrays = recurrent(op, directions=directions, lens=True, initial=True, layout=directions - 1)
-    check(proto, feed(proto, arrays, 6, 3, lens=[6, 2, 4]), feed(proto, arrays, 5, 2, lens=[1, 5]))
+    check(proto, [feed(proto, arrays, 6, 3, lens=[6, 2, 4]), feed(proto, arrays, 5, 2, lens=[1, 5])],
+          tmp_path, True)
 
 
 def test_what_the_rewrite_cannot_express_is_a_one_line_model_error():
-    from edgec.compiler.frontend import import_onnx
-    from edgec.model import from_proto
-
     proto, _ = recurrent("LSTM", activations=["Sigmoid", "Gelu", "Tanh"])
     with pytest.raises(ModelError, match="activation 'Gelu'"):
         import_onnx(from_proto(proto, "bad_activation"))
@@ -174,14 +210,6 @@ def test_what_the_rewrite_cannot_express_is_a_one_line_model_error():
 def test_lstm_tagger_end_to_end_with_library_dispatch(tmp_path):
     """A two-layer LSTM (the second bidirectional) compiled by edgec for the host with its
     default routes, run by the Python runtime at profiled and unseen lengths."""
-    from edgec import runtime
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
-
     rng = np.random.default_rng(3)
     hidden, features = 16, 8
 
@@ -217,9 +245,7 @@ def test_lstm_tagger_end_to_end_with_library_dispatch(tmp_path):
 
 def test_cost_model_features_count_a_recurrent_layer_as_a_loop_of_matmuls():
     from edgec.costmodel.features import region_features
-    from edgec.model import from_proto
     from edgec.regions import cut_regions
-    from edgec.targets import load_target
 
     proto, _ = recurrent("LSTM", hidden=8, features=6, directions=2, layout=1)
     lstm = from_proto(proto, "lstm_features")

@@ -189,6 +189,19 @@ def test_two_outputs_and_a_runtime_extra_kernel(host, tmp_path):
         np.testing.assert_array_equal(got["values"], -np.sort(-sample["x"], axis=1)[:, :3])
 
 
+def test_recurrent_layer_runs_its_native_loop(host, tmp_path):
+    """A bidirectional LSTM: the library's edgec_recurrent kernel, bound by the host as by the
+    Python runtime."""
+    from test_converters_recurrent import feed, recurrent
+
+    proto, arrays = recurrent("LSTM", directions=2, initial=True, peepholes=True)
+    samples = [feed(proto, arrays, seq, 2, seed=seq) for seq in (3, 6)]
+    path = build_artifact(proto, "lstm", samples, ["x86_64"], tmp_path)
+    for index, sample in enumerate(samples + [feed(proto, arrays, 9, 2, seed=9)]):
+        got = run_host(host, path, sample, tmp_path / str(index))
+        assert_outputs_match(got, _python_outputs(path, sample), 0.0)
+
+
 def test_timing_and_info(host, artifact, tmp_path):
     path, samples = artifact("cnn")
     np.savez(tmp_path / "in.npz", **samples[0])

@@ -179,7 +179,7 @@ def _rename_main(mod: tvm.IRModule, name: str) -> tvm.IRModule:
     return builder.get()
 
 
-def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
+def lower_regions(model, regions: list[dict], native_loops: bool = True) -> tvm.IRModule:
     """One module whose ``main`` calls one function per region in order.
 
     Each entry of ``regions`` has ``name``, ``nodes``, ``inputs``, ``outputs`` and
@@ -187,7 +187,7 @@ def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
     (a plan Region's) and ``exact_dispatch`` (see ``add_shape_dispatch``). A region with
     specializations becomes ``NAME`` dispatching to ``NAME__spec_i`` or ``NAME__generic``; without
     them ``NAME`` is its one symbolic function. Every function stays callable by name, so a
-    region can be timed alone.
+    region can be timed alone. ``native_loops``: see ``import_onnx``.
     """
     from ..model import from_proto
     from ..regions import RegionCut, region_model
@@ -199,7 +199,7 @@ def lower_regions(model, regions: list[dict]) -> tvm.IRModule:
     for region in regions:
         cut = RegionCut(region["nodes"], region["inputs"], region["outputs"], "")
         sub = import_onnx(from_proto(region_model(model, cut, region["name"]),
-                                     f"{model.name}.{region['name']}"))
+                                     f"{model.name}.{region['name']}"), native_loops=native_loops)
         sub = add_shape_dispatch(sub, region.get("specializations", []), prefix=f"{region['name']}__",
                                  padding=pad_spec(region.get("padding"), region["inputs"],
                                                   region["outputs"]),

@@ -38,17 +38,20 @@ def _edgec_converters() -> Iterator[None]:
         onnx_frontend._get_convert_map = _tvm_convert_map
 
 
-def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None) -> tvm.IRModule:
+def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None,
+                native_loops: bool = True) -> tvm.IRModule:
     """Import ``model`` into a Relax module whose ``main`` takes the graph inputs in order.
 
     Weights become constants. Symbolic input dims stay symbolic (``tvm.tirx.Var`` named after the
     ONNX dim). Inputs named in ``constants`` are compiled as those values (``main`` still takes
     them; the runtime checks they match). What is known at compile time is folded first
-    (``fold.py``). Raises ModelError naming the unsupported operators.
+    (``fold.py``). ``native_loops``: recurrent layers may run as edgec's native CPU loop
+    (``recurrent.py``); False for modules that will run on a GPU. Raises ModelError naming the
+    unsupported operators.
     """
     known = set(convert_map()) | {"If", "Constant"}
     proto = fix_inputs(model.proto, dict(constants or {}))
-    proto = rewrite_recurrent(proto, model.name, value_types(proto).get)
+    proto = rewrite_recurrent(proto, model.name, value_types(proto).get, native=native_loops)
     proto = fold_constants(expand_functions(proto, known.__contains__))
     unsupported = unsupported_ops(proto)
     if unsupported:

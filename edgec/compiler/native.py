@@ -95,8 +95,9 @@ def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
 
 
 def runtime_kernels(compiler: str = "g++") -> NativeAddon:
-    """edgec's kernels for data-dependent-shape ops (``edgec/native/runtime_kernels.cc``):
-    NonZero and Unique, which TVM only provides from Python. Needs nothing beyond tvm_ffi."""
+    """edgec's own CPU kernels (``edgec/native/runtime_kernels.cc``): NonZero and Unique, which
+    TVM only provides from Python, and the time loop of LSTM/GRU/RNN layers. Needs nothing
+    beyond tvm_ffi."""
     obj = _compile_object(NATIVE_DIR / "runtime_kernels.cc", compiler,
                           missing_header_hint="reinstall apache-tvm-ffi", header="tvm/ffi/function.h")
     return NativeAddon("runtime_kernels", (str(obj),), (), ())

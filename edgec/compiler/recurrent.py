@@ -23,6 +23,12 @@ from onnx import TensorProto, helper, numpy_helper
 from ..errors import ModelError
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+# edgec's native loop over the time steps (edgec/native/runtime_kernels.cc, ``edgec_recurrent``)
+# for float32 layers with the default activations; other layers run as a Scan.
+RECURRENT_KERNEL = "EdgecRecurrentLoop"
+_KERNEL_SYMBOL = "edgec_recurrent"
+_KINDS = {"LSTM": 0, "GRU": 1, "RNN": 2}
+_NATIVE_RNN_ACTIVATIONS = {"tanh": 0, "relu": 1, "sigmoid": 2}
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
                         "RNN": ("Tanh",)}
@@ -35,8 +41,10 @@ _PLAIN = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "softsign": "Sof
 
 
 def rewrite_recurrent(proto: onnx.ModelProto, model_name: str,
-                      type_of: Callable[[str], onnx.TypeProto | None]) -> onnx.ModelProto:
-    """A copy of ``proto`` with every top-level LSTM, GRU and RNN node replaced by a Scan
+                      type_of: Callable[[str], onnx.TypeProto | None],
+                      native: bool = True) -> onnx.ModelProto:
+    """A copy of ``proto`` with every top-level LSTM, GRU and RNN node replaced by a Scan, or,
+    with ``native`` (CPU targets) where the layer allows, by edgec's native loop
     (``proto`` itself when it has none). ``type_of(name)`` gives a value's type as shape
     inference sees it, None when unknown. Raises ModelError for what the rewrite cannot express."""
     if not any(_is_recurrent(node) for node in proto.graph.node):
@@ -51,7 +59,7 @@ def rewrite_recurrent(proto: onnx.ModelProto, model_name: str,
         where = f"model '{model_name}': {node.op_type} node '{node.name or index}'"
         builder = _Builder(f"{node.name or node.op_type + str(index)}__{node.op_type}", opset,
                            _elem_type(type_of(node.input[0])), proto.graph.initializer)
-        _Recurrent(node, builder, where).emit()
+        _Recurrent(node, builder, where, native).emit()
         nodes.extend(builder.nodes)
     del proto.graph.node[:]
     proto.graph.node.extend(nodes)
@@ -117,7 +125,7 @@ class _Builder:
 class _Recurrent:
     """One LSTM/GRU/RNN node's rewrite."""
 
-    def __init__(self, node: onnx.NodeProto, builder: _Builder, where: str) -> None:
+    def __init__(self, node: onnx.NodeProto, builder: _Builder, where: str, native: bool) -> None:
         self.node, self.b, self.where = node, builder, where
         self.kind = node.op_type
         self.gates = _GATES[self.kind]
@@ -141,7 +149,12 @@ class _Recurrent:
         self.activations = self._activations(attrs)
         inputs = list(node.input) + [""] * (8 - len(node.input))
         self.x, self.w, self.r, self.bias, self.lens, self.h0, self.c0, self.peep = inputs[:8]
-        if self.lens and builder.opset < 11:
+        defaults = [a.lower() for a in _DEFAULT_ACTIVATIONS[self.kind]]
+        self.native = native and builder.elem_type == TensorProto.FLOAT and all(
+            [name for name, _, _ in acts] == defaults or
+            (self.kind == "RNN" and acts[0][0] in _NATIVE_RNN_ACTIVATIONS)
+            for acts in self.activations)
+        if self.lens and builder.opset < 11 and not self.native:
             raise ModelError(f"{where}: sequence_lens needs opset 11 or later (this model has "
                              f"{builder.opset}); convert it with onnx.version_converter")
 
@@ -183,7 +196,7 @@ class _Recurrent:
             if value and self.layout:  # [batch, directions, hidden] -> [directions, batch, hidden]
                 value = b.op("Transpose", [value], perm=[1, 0, 2])
             states0.append(value)
-        mask = self._step_mask(x) if self.lens else None
+        mask = self._step_mask(x) if self.lens and not self.native else None
         zeros = None
         finals: list[list[str]] = []
         ys = []
@@ -204,18 +217,47 @@ class _Recurrent:
                 else:
                     zeros = zeros or self._zero_state(x)
                     initial.append(zeros)
-            body = self._body(d, r, bias_r)
-            scan_inputs = [projected] + ([mask] if mask else [])
             n_states = len(initial)
-            outs = [b.fresh("final") for _ in range(n_states)] + [b.fresh("y")]
-            b.nodes.append(helper.make_node(
-                "Scan", initial + scan_inputs, outs, name=b.fresh("Scan"), body=body,
-                num_scan_inputs=len(scan_inputs),
-                scan_input_directions=[int(backwards)] * len(scan_inputs),
-                scan_output_directions=[int(backwards)]))
-            finals.append(outs[:n_states])
-            ys.append(outs[-1])
+            if self.native:
+                y, states = self._native_loop(d, backwards, projected, r, bias_r, initial)
+            else:
+                body = self._body(d, r, bias_r)
+                scan_inputs = [projected] + ([mask] if mask else [])
+                outs = [b.fresh("final") for _ in range(n_states)] + [b.fresh("y")]
+                b.nodes.append(helper.make_node(
+                    "Scan", initial + scan_inputs, outs, name=b.fresh("Scan"), body=body,
+                    num_scan_inputs=len(scan_inputs),
+                    scan_input_directions=[int(backwards)] * len(scan_inputs),
+                    scan_output_directions=[int(backwards)]))
+                y, states = outs[-1], outs[:n_states]
+            finals.append(states)
+            ys.append(y)
         self._outputs(ys, finals, outputs)
+
+    def _native_loop(self, d: int, backwards: bool, projected: str, r: str, bias_r: str | None,
+                     initial: list[str]) -> tuple[str, list[str]]:
+        """One direction as edgec's native loop (``RECURRENT_KERNEL``): its output sequence and
+        final states."""
+        b, hidden = self.b, self.hidden
+        dummy = b.const([0.0], "unused")
+        r_t = b.op("Transpose", [r], perm=[1, 0])  # [hidden, gates*hidden]
+        peep = b.take(self.peep, d) if self.peep else dummy
+        lens = b.op("Cast", [self.lens], to=TensorProto.INT32) if self.lens else \
+            b.const([0], "unused", np.int32)
+        rbh = dummy
+        if self.kind == "GRU" and self.linear_before_reset:
+            rbh = b.const(np.zeros(hidden), "rbh") if bias_r is None else b.split(bias_r, 3)[2]
+        c0 = initial[1] if self.kind == "LSTM" else dummy
+        outs = [b.fresh("y"), b.fresh("final"), b.fresh("final")]
+        attrs = {"kind": self.kind, "reverse": int(backwards), "input_forget": int(self.input_forget),
+                 "linear_before_reset": int(self.linear_before_reset),
+                 "has_peepholes": int(bool(self.peep)), "has_lengths": int(bool(self.lens)),
+                 "activation": self.activations[d][0][0] if self.kind == "RNN" else ""}
+        if self.clip is not None:
+            attrs["clip"] = float(self.clip)
+        b.nodes.append(helper.make_node(RECURRENT_KERNEL, [projected, r_t, initial[0], c0, peep, lens, rbh],
+                                        outs, name=b.fresh(RECURRENT_KERNEL), **attrs))
+        return outs[0], outs[1:1 + (2 if self.kind == "LSTM" else 1)]
 
     def _input_bias(self, bias_w: str, bias_r: str) -> str:
         """The biases added to the projected input: all of them, except a GRU's recurrent bias of
@@ -362,3 +404,36 @@ class _Recurrent:
             op = {"leakyrelu": "LeakyRelu", "thresholdedrelu": "ThresholdedRelu", "elu": "Elu"}[key]
             return b.op(op, [value], alpha=alpha)
         return apply
+
+
+class RecurrentLoop:
+    """The converter of ``RECURRENT_KERNEL`` nodes: a destination-passing call of the native loop,
+    its outputs (the sequence [steps, batch, hidden] and the final h and c [batch, hidden])
+    shaped from the projected input's dims."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:  # noqa: ARG003 - the converter protocol
+        from tvm import relax
+
+        from .converters.subgraph import shaped
+
+        def text(value) -> str:
+            return value.decode() if isinstance(value, bytes) else str(value or "")
+
+        def convert(bb, inputs, attrs, params):
+            x = shaped(bb, inputs[0], "r")
+            args = [x] + [bb.normalize(v) for v in inputs[1:]]
+            steps, batch, _ = x.ty.shape.values
+            hidden = args[1].ty.shape.values[0]
+            kind = text(attrs["kind"])
+            config = [_KINDS[kind], attrs.get("reverse", 0), attrs.get("input_forget", 0),
+                      attrs.get("linear_before_reset", 0), attrs.get("has_peepholes", 0),
+                      attrs.get("has_lengths", 0),
+                      _NATIVE_RNN_ACTIVATIONS.get(text(attrs.get("activation")), 0), "clip" in attrs]
+            args += [relax.const(np.array(config, np.int64)),
+                     relax.const(np.array([attrs.get("clip", 0.0)], np.float32))]
+            state = relax.TensorType([batch, hidden], "float32")
+            out = [relax.TensorType([steps, batch, hidden], "float32"), state, state]
+            return bb.emit(relax.op.call_dps_packed(relax.ExternFunc(_KERNEL_SYMBOL), relax.Tuple(args),
+                                                    out))
+        return convert

@@ -5,7 +5,9 @@ TVM 0.27 lowers ``relax.nonzero`` and ``relax.unique`` (ONNX NonZero, Unique) to
 from Python. An artifact calling them would run only where the compiler is installed: never in
 edgec's runtime or a C/C++ host. ``redirect`` legalizes the module and renames those calls to
 ``edgec_nonzero`` / ``edgec_unique`` (``edgec/native/runtime_kernels.cc``, linked into the model
-library), and refuses any other Python-only function with a one-line error.
+library), and refuses any other Python-only function with a one-line error. Calls edgec's
+converters make to that library directly (``edgec_recurrent``, the recurrent layers' loop) are
+counted too, so the library gets linked.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from tvm import relax
 from ..errors import CompileError
 
 REPLACEMENTS = {"relax.run.nonzero": "edgec_nonzero", "relax.run.unique": "edgec_unique"}
+# Kernels edgec's converters call directly (the recurrent layers' loop, compiler/recurrent.py).
+NATIVE_KERNELS = {"edgec_recurrent"}
 _PYTHON_ONLY_PREFIX = "relax.run."
 _UNIQUE_ARGS = 5  # x, sorted, return_index, return_inverse, return_counts; an axis makes six
 
@@ -32,6 +36,9 @@ class _Redirect(relax.PyExprMutator):
         if not (isinstance(call.args[0] if call.args else None, relax.ExternFunc)):
             return call
         name = call.args[0].global_symbol
+        if name in NATIVE_KERNELS:
+            self.used.add(name)
+            return call
         if not name.startswith(_PYTHON_ONLY_PREFIX):
             return call
         if name not in REPLACEMENTS or (name == "relax.run.unique" and len(call.args) > 1 + _UNIQUE_ARGS):

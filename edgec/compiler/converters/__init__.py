@@ -9,6 +9,7 @@ of an import.
 from __future__ import annotations
 
 from . import ops, shapes
+from ..recurrent import RECURRENT_KERNEL, RecurrentLoop
 from .control_flow import LAZY_IF, LazyIf, Loop, Scan
 
 CONVERTERS: dict[str, type] = {}
@@ -32,3 +33,4 @@ CONVERTERS["NonMaxSuppression"] = ops.NonMaxSuppression
 CONVERTERS["QLinearMatMul"] = ops.QLinearMatMul
 CONVERTERS["QLinearConv"] = ops.QLinearConv
 CONVERTERS["ConvInteger"] = ops.ConvInteger
+CONVERTERS[RECURRENT_KERNEL] = RecurrentLoop
