@@ -1,4 +1,5 @@
-"""Generated models with data-dependent shapes: a transformer encoder and a mixture of experts."""
+"""Generated models with data-dependent shapes: a transformer encoder, a mixture of experts and a
+keyword-spotting LSTM."""
 
 from __future__ import annotations
 
@@ -193,4 +194,55 @@ def moe_samples(count: int, seed: int) -> list[dict[str, np.ndarray]]:
         cluster = rng.choice(len(_CLUSTER_WEIGHTS), size=length, p=_CLUSTER_WEIGHTS)
         x = 1.5 * centers[cluster] + rng.standard_normal((length, MOE_DIM))
         samples.append({"x": x.astype(np.float32)})
+    return samples
+
+
+KWS_FEATURES = 40
+KWS_HIDDEN = 128
+KWS_CLASSES = 12
+KWS_MAX_FRAMES = 200
+
+
+def make_speech_lstm(seed: int) -> onnx.ModelProto:
+    """A keyword-spotting acoustic model: two stacked LSTM layers (hidden 128) over log-mel frames
+    and a per-frame classifier, as streaming speech models are built.
+
+    Input ``features`` float32 [frames, 1, 40]; output ``logits`` float32 [frames, 12]. Forget-gate
+    biases start at 1, as trained LSTMs' do, so the state carries over many frames.
+    """
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    x = b.name("features")
+    h, inputs = KWS_HIDDEN, KWS_FEATURES
+    for layer in range(2):
+        bias = small_normal(rng, (1, 8 * h), 0.05)
+        bias[0, 2 * h:3 * h] += 1.0  # ONNX gate order i, o, f, c: the forget gate's input bias
+        w = b.weight(f"lstm{layer}.w", (rng.standard_normal((1, 4 * h, inputs)) / np.sqrt(inputs))
+                     .astype(np.float32))
+        r = b.weight(f"lstm{layer}.r", (rng.standard_normal((1, 4 * h, h)) / np.sqrt(h))
+                     .astype(np.float32))
+        seq = b.op("LSTM", [x, w, r, b.weight(f"lstm{layer}.b", bias)], name=f"lstm{layer}",
+                   hidden_size=h)
+        # [frames, 1 direction, 1, hidden] -> [frames, 1, hidden]
+        x = b.op("Squeeze", [seq, b.const(f"lstm{layer}.axis", [1])], name=f"lstm{layer}.squeeze")
+        inputs = h
+    frames = b.op("Squeeze", [x, b.const("frames.axis", [1])], name="frames")
+    logits = linear(b, rng, frames, h, KWS_CLASSES, "classifier")
+    logits = b.rename(logits, "logits")
+    graph = b.graph("speech_lstm", [value_info("features", FLOAT, ["frames", 1, KWS_FEATURES])],
+                    [value_info(logits, FLOAT, ["frames", KWS_CLASSES])])
+    return make_model(graph)
+
+
+def speech_lstm_samples(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    """Utterances of lognormal length (median 60 frames, 10 ms each) in [10, 200]: log-mel-like
+    features, smooth over time and frequency, with a per-utterance loudness."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for frames in data.skewed_lengths(rng, count, median=60, sigma=0.5, low=10, high=KWS_MAX_FRAMES):
+        slow = np.cumsum(rng.standard_normal((frames, KWS_FEATURES)) * 0.3, axis=0)  # over time
+        bands = np.stack([np.convolve(row, np.ones(5) / 5, mode="same") for row in slow])
+        loud = rng.normal(0.0, 1.0)
+        features = (bands - bands.mean(axis=0)) * 0.5 + loud
+        samples.append({"features": features[:, None, :].astype(np.float32)})
     return samples
