@@ -36,9 +36,6 @@ namespace {
 // Flags shared with library_dispatch.py.
 constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
 
-void CheckTensor(const DLTensor* t, const char* what) { CheckFloat32(t, "edgec dnnl", what); }
-
-
 memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
 
 memory::desc ActivationDesc(const DLTensor* t, const char* what) {
@@ -219,11 +216,7 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
 void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
             const int64_t* attrs, int64_t weight_id, DLTensor* dst) {
   // attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
-  CheckTensor(src, "conv2d data");
-  CheckTensor(weight, "conv2d weight");
-  CheckTensor(bias, "conv2d bias");
-  CheckTensor(dst, "conv2d output");
-  if (residual != nullptr) CheckTensor(residual, "conv2d residual");
+  CheckOperands("edgec dnnl", "conv2d", src, weight, bias, dst, residual);
   if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec dnnl: conv2d weight must be OIHW";
   if (Empty(src) || Empty(dst)) return;
 
@@ -318,10 +311,7 @@ struct MatmulEntry {
 // out = act(data @ weight + bias), the leading dims of data flattened into M.
 void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64_t weight_id,
            DLTensor* dst) {
-  CheckTensor(src, "dense data");
-  CheckTensor(weight, "dense weight");
-  CheckTensor(bias, "dense bias");
-  CheckTensor(dst, "dense output");
+  CheckOperands("edgec dnnl", "dense", src, weight, bias, dst);
   if (weight->ndim != 2 || src->ndim < 1 || src->shape[src->ndim - 1] != weight->shape[0]) {
     TVM_FFI_THROW(ValueError) << "edgec dnnl: dense needs data [..., K] and weight [K, N]";
   }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -90,6 +91,18 @@ void CheckFloat32(const DLTensor* t, const char* shim, const char* what) {
     TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not float32";
   }
   if (!Compact(t)) TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not compact";
+}
+
+// The operands of a conv2d or dense call: each float32 on the CPU, named "<op> data", "<op>
+// weight"... in errors (`shim` as in CheckFloat32); `residual` may be absent.
+void CheckOperands(const char* shim, const char* op, const DLTensor* src, const DLTensor* weight,
+                   const DLTensor* bias, const DLTensor* dst, const DLTensor* residual = nullptr) {
+  const std::string name(op);
+  CheckFloat32(src, shim, (name + " data").c_str());
+  CheckFloat32(weight, shim, (name + " weight").c_str());
+  CheckFloat32(bias, shim, (name + " bias").c_str());
+  CheckFloat32(dst, shim, (name + " output").c_str());
+  if (residual != nullptr) CheckFloat32(residual, shim, (name + " residual").c_str());
 }
 
 // A float32 tensor's first element.

@@ -81,9 +81,6 @@ pthreadpool_t Pool() {
   return pool;
 }
 
-void CheckTensor(const DLTensor* t, const char* what) { CheckFloat32(t, "edgec xnnpack", what); }
-
-
 // A per-thread buffer of at least `floats` floats plus XNN_EXTRA_BYTES.
 float* Scratch(int slot, size_t floats) {
   thread_local std::vector<float> buffers[2];
@@ -200,11 +197,7 @@ std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* bias,
 
 void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
             const int64_t* attrs, int64_t weight_id, DLTensor* dst) {
-  CheckTensor(src, "conv2d data");
-  CheckTensor(weight, "conv2d weight");
-  CheckTensor(bias, "conv2d bias");
-  CheckTensor(dst, "conv2d output");
-  if (residual != nullptr) CheckTensor(residual, "conv2d residual");
+  CheckOperands("edgec xnnpack", "conv2d", src, weight, bias, dst, residual);
   if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec xnnpack: conv2d weight must be OIHW";
   Activation in = Layout(src, "conv2d data"), out = Layout(dst, "conv2d output");
   if (in.c != weight->shape[1] * attrs[8] || out.c != weight->shape[0] || in.n != out.n) {
@@ -285,10 +278,7 @@ void Conv2dAddExport(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* 
 // out = act(data @ weight + bias), the leading dims of data flattened into M.
 void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64_t weight_id,
            DLTensor* dst) {
-  CheckTensor(src, "dense data");
-  CheckTensor(weight, "dense weight");
-  CheckTensor(bias, "dense bias");
-  CheckTensor(dst, "dense output");
+  CheckOperands("edgec xnnpack", "dense", src, weight, bias, dst);
   if (weight->ndim != 2 || src->ndim < 1 || src->shape[src->ndim - 1] != weight->shape[0]) {
     TVM_FFI_THROW(ValueError) << "edgec xnnpack: dense needs data [..., K] and weight [K, N]";
   }
