@@ -1,10 +1,12 @@
-"""ONNX's recurrent layers (LSTM, GRU, RNN) rewritten as a Scan over the time steps.
+"""ONNX's recurrent layers (LSTM, GRU, RNN) rewritten as a loop over the time steps.
 
 TVM's importer has no converter for them. The rewrite keeps what makes a recurrent layer fast:
 the input projection of every time step, ``X·Wᵀ`` plus the biases, is one matmul before the loop
-(a library call when W is a weight), and the loop body holds only the recurrent matmul ``h·Rᵀ``
-and the gates. edgec's Scan converter (``converters/control_flow.py``) then lowers the loop, with
-symbolic sequence lengths and batch sizes.
+(a library call when W is a weight), and the loop holds only the recurrent matmul ``h·Rᵀ`` and
+the gates. On CPU targets a float32 layer with the default activations loops in edgec's native
+kernel (``edgec_recurrent``, whose node ``RecurrentLoop`` converts); any other layer becomes a
+Scan, which edgec's Scan converter (``converters/control_flow.py``) lowers, with symbolic
+sequence lengths and batch sizes.
 
 Every attribute of the ONNX ops is honoured: ``direction`` (a reverse direction is a Scan that
 runs backwards), ``layout``, ``activations`` with their alphas and betas, ``clip``,
@@ -211,7 +213,7 @@ class _Recurrent:
                 bias_w, bias_r = b.take(both, 0), b.take(both, 1)
                 projected = b.op("Add", [projected, self._input_bias(bias_w, bias_r)])
             initial = []
-            for k, value in enumerate(states0[:2 if self.kind == "LSTM" else 1]):
+            for value in states0[:2 if self.kind == "LSTM" else 1]:
                 if value:
                     initial.append(b.take(value, d))
                 else:

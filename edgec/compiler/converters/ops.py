@@ -692,23 +692,22 @@ class ConvInteger:
     def get_converter(cls, opset: int) -> Callable:
         conv = onnx_frontend.Conv.get_converter(opset)
 
-        def widened(bb, value, zero_point, rank: int):
-            value = relax.op.astype(value, "int32")
+        def widened(bb, value, zero_point):
+            """``value - zero_point`` in int32; a 1-D zero point is one per output channel."""
+            value = bb.normalize(relax.op.astype(value, "int32"))
             if zero_point is None:
-                return bb.normalize(value)
+                return value
             zero_point = bb.normalize(relax.op.astype(zero_point, "int32"))
-            if zero_point.ty.ndim == 1:  # one per output channel (axis 0 of the weights)
-                zero_point = relax.op.reshape(zero_point, [-1] + [1] * (rank - 1))
+            if zero_point.ty.ndim == 1:
+                zero_point = relax.op.reshape(zero_point, [-1] + [1] * (value.ty.ndim - 1))
             return bb.normalize(relax.op.subtract(value, zero_point))
 
         def convert(bb, inputs, attrs, params):
             x, w = inputs[0], inputs[1]
             x_zp = inputs[2] if len(inputs) > 2 else None
             w_zp = inputs[3] if len(inputs) > 3 else None
-            rank = w.ty.ndim
-            args = [widened(bb, x, x_zp, 1 if x_zp is None else 0) if x_zp is None else
-                    widened(bb, x, bb.normalize(relax.op.reshape(x_zp, [])) if
-                            bb.normalize(x_zp).ty.ndim == 1 else x_zp, 0),
-                    widened(bb, w, w_zp, rank), None]  # no bias; TVM's Conv reads the slot
-            return conv(bb, args, attrs, params)
+            if x_zp is not None:  # one value for the whole input, possibly as a 1-element tensor
+                x_zp = relax.op.reshape(x_zp, [])
+            # No bias; TVM's Conv converter reads the slot.
+            return conv(bb, [widened(bb, x, x_zp), widened(bb, w, w_zp), None], attrs, params)
         return convert
