@@ -610,40 +610,25 @@ class NonMaxSuppression:
         return convert
 
 
-def _per_axis(bb, value, rank: int, axis: int):
-    """A scale or zero point as float32: a scalar as it is, a 1-D one shaped to broadcast along
-    ``axis``."""
-    value = bb.normalize(relax.op.astype(value, "float32"))
-    if value.ty.ndim != 1 or rank <= 1:
-        return value
-    shape = [1] * rank
-    shape[axis % rank] = -1
-    return relax.op.reshape(value, shape)
-
-
 def _dequantized(bb, x, scale, zero_point, axis: int):
-    """``x`` (integer) as float32: ``(x - zero_point) * scale``, per tensor or, for a 1-D
+    """``x`` (integer) as float32, ``(x - zero_point) * scale``, per tensor or, for a 1-D
     ``scale``, per slice along ``axis``. Float32 whatever the scale's type: the integer
-    operators these stand for accumulate exactly, float16 would not. (Written out: TVM's
-    dequantize subtracts a uint8 zero point in uint8, which wraps.)"""
-    rank = x.ty.ndim
-    value = relax.op.astype(x, "float32")
-    if zero_point is not None:
-        value = relax.op.subtract(value, _per_axis(bb, zero_point, rank, axis))
-    return bb.normalize(relax.op.multiply(value, _per_axis(bb, scale, rank, axis)))
+    operators these stand for accumulate exactly, float16 would not."""
+    scale = bb.normalize(relax.op.astype(scale, "float32"))
+    if zero_point is None:
+        zero_point = relax.const(0, str(x.ty.dtype))
+    return bb.normalize(relax.op.dequantize(x, scale, zero_point, axis=axis % x.ty.ndim,
+                                            out_dtype="float32"))
 
 
 def _quantized(bb, y, scale, zero_point, axis: int):
     """Float ``y`` rounded half to even onto ``zero_point``'s integer type (uint8 without one),
-    saturating. (Written out: TVM's quantize adds a constant zero point in its integer type,
-    which wraps below zero.)"""
+    saturating, per tensor or per slice along ``axis``."""
+    scale = bb.normalize(relax.op.astype(scale, "float32"))
     dtype = "uint8" if zero_point is None else str(zero_point.ty.dtype)
-    rank = y.ty.ndim
-    value = relax.op.round(relax.op.divide(relax.op.astype(y, "float32"), _per_axis(bb, scale, rank, axis)))
-    if zero_point is not None:
-        value = relax.op.add(value, _per_axis(bb, zero_point, rank, axis))
-    info = np.iinfo(np.dtype(dtype))
-    return relax.op.astype(relax.op.clip(value, float(info.min), float(info.max)), dtype)
+    if zero_point is None:
+        zero_point = relax.const(0, dtype)
+    return relax.op.quantize(y, scale, zero_point, axis=axis % y.ty.ndim, out_dtype=dtype)
 
 
 class QLinearMatMul:
