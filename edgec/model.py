@@ -175,6 +175,14 @@ def _check_dataflow(graph: onnx.GraphProto, name: str) -> None:
     )
 
 
+def attribute_text(value: Any, default: str = "") -> str:
+    """A string attribute's value as text: ONNX holds it as bytes (TVM's importer passes them
+    on); ``default`` when absent."""
+    if value is None:
+        return default
+    return value.decode("ascii") if isinstance(value, bytes) else str(value)
+
+
 def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
     """The graphs a node holds as attributes (If branches, Loop/Scan bodies...)."""
     for attr in node.attribute:

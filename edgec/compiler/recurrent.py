@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import ModelError
+from ..model import attribute_text
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 # edgec's native loop over the time steps (edgec/native/runtime_kernels.cc, ``edgec_recurrent``)
@@ -132,8 +133,7 @@ class _Recurrent:
         self.kind = node.op_type
         self.gates = _GATES[self.kind]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        direction = attrs.get("direction", b"forward")
-        direction = direction.decode() if isinstance(direction, bytes) else direction
+        direction = attribute_text(attrs.get("direction"), "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
             raise ModelError(f"{where} has direction '{direction}'; ONNX allows forward, "
                              f"reverse or bidirectional")
@@ -163,7 +163,7 @@ class _Recurrent:
     def _activations(self, attrs: dict) -> list[list[tuple[str, float | None, float | None]]]:
         """Per direction, the activation functions as (lower-case name, alpha, beta)."""
         per = len(_DEFAULT_ACTIVATIONS[self.kind])
-        names = [n.decode() if isinstance(n, bytes) else n for n in attrs.get("activations", [])]
+        names = [attribute_text(n) for n in attrs.get("activations", [])]
         if not names:
             names = list(_DEFAULT_ACTIVATIONS[self.kind]) * len(self.reverse)
         if len(names) != per * len(self.reverse):
@@ -419,19 +419,16 @@ class RecurrentLoop:
 
         from .converters.subgraph import shaped
 
-        def text(value) -> str:
-            return value.decode() if isinstance(value, bytes) else str(value or "")
-
         def convert(bb, inputs, attrs, params):
             x = shaped(bb, inputs[0], "r")
             args = [x] + [bb.normalize(v) for v in inputs[1:]]
             steps, batch, _ = x.ty.shape.values
             hidden = args[1].ty.shape.values[0]
-            kind = text(attrs["kind"])
+            kind = attribute_text(attrs["kind"])
             config = [_KINDS[kind], attrs.get("reverse", 0), attrs.get("input_forget", 0),
                       attrs.get("linear_before_reset", 0), attrs.get("has_peepholes", 0),
                       attrs.get("has_lengths", 0),
-                      _NATIVE_RNN_ACTIVATIONS.get(text(attrs.get("activation")), 0), "clip" in attrs]
+                      _NATIVE_RNN_ACTIVATIONS.get(attribute_text(attrs.get("activation")), 0), "clip" in attrs]
             args += [relax.const(np.array(config, np.int64)),
                      relax.const(np.array([attrs.get("clip", 0.0)], np.float32))]
             state = relax.TensorType([batch, hidden], "float32")

@@ -9,6 +9,8 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from ...model import attribute_text
+
 
 def _constant_int(expr, what: str, node: str) -> int:
     if not isinstance(expr, tvm.ir.GenericConst):
@@ -209,8 +211,7 @@ class SpaceToDepth:
         fallback = onnx_frontend.SpaceToDepth.get_converter(opset)
 
         def convert(bb, inputs, attrs, params):
-            mode = attrs.get("mode", b"DCR")
-            mode = mode.decode("ascii") if isinstance(mode, bytes) else mode
+            mode = attribute_text(attrs.get("mode"), "DCR")
             if mode == "DCR":
                 return fallback(bb, inputs, attrs, params)
             if mode != "CRD":
@@ -265,8 +266,7 @@ class BitShift:
             x, y = inputs
             dtype = str(x.ty.dtype)
             bits = tvm.DataType(dtype).bits
-            direction = attrs.get("direction", b"LEFT")
-            direction = direction.decode("ascii") if isinstance(direction, bytes) else direction
+            direction = attribute_text(attrs.get("direction"), "LEFT")
             out_of_range = relax.op.greater_equal(y, relax.const(bits, y.ty.dtype))
             if dtype.startswith("int"):
                 out_of_range = relax.op.logical_or(out_of_range,
@@ -311,8 +311,7 @@ class ConvTranspose:
             dilations = list(attrs.get("dilations", [1] * spatial))
             output_padding = list(attrs.get("output_padding", [0] * spatial))
             kernel = list(attrs.get("kernel_shape", w_shape[2:]))
-            auto_pad = attrs.get("auto_pad", b"NOTSET")
-            auto_pad = auto_pad.decode("ascii") if isinstance(auto_pad, bytes) else auto_pad
+            auto_pad = attribute_text(attrs.get("auto_pad"), "NOTSET")
             begin, end = [], []
             for i in range(spatial):
                 total = (strides[i] * (x_shape[i + 2] - 1) + output_padding[i]
@@ -341,12 +340,6 @@ class ConvTranspose:
                 out = relax.op.add(out, relax.op.reshape(bias, [1, -1] + [1] * spatial))
             return out
         return convert
-
-
-def _as_str(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode("ascii") if isinstance(value, bytes) else str(value)
 
 
 def _constant_array(expr) -> np.ndarray | None:
@@ -492,8 +485,8 @@ class Resize:
         if shape is None or any(p is not None and c is None for p, c in zip(pick, known)):
             return None  # not known at compile time: TVM's converter decides
         rank = len(shape)
-        coord = _as_str(attrs.get("coordinate_transformation_mode"), "half_pixel")
-        policy = _as_str(attrs.get("keep_aspect_ratio_policy"), "stretch")
+        coord = attribute_text(attrs.get("coordinate_transformation_mode"), "half_pixel")
+        policy = attribute_text(attrs.get("keep_aspect_ratio_policy"), "stretch")
         antialias = bool(attrs.get("antialias", 0))
         listed = [int(a) % rank for a in attrs.get("axes", range(rank))]
         factors, out = [1.0] * rank, list(shape)
@@ -541,12 +534,12 @@ class Resize:
 
     @staticmethod
     def _emit(bb, x, axes, attrs):
-        mode = _as_str(attrs.get("mode"), "nearest")
+        mode = attribute_text(attrs.get("mode"), "nearest")
         dtype = str(x.ty.dtype)
         work = dtype if _is_float_dtype(dtype) else "float32"
         options = dict(mode=mode,
-                       coord=_as_str(attrs.get("coordinate_transformation_mode"), "half_pixel"),
-                       nearest=_as_str(attrs.get("nearest_mode"), "round_prefer_floor"),
+                       coord=attribute_text(attrs.get("coordinate_transformation_mode"), "half_pixel"),
+                       nearest=attribute_text(attrs.get("nearest_mode"), "round_prefer_floor"),
                        cubic_a=float(attrs.get("cubic_coeff_a", -0.75)),
                        exclude_outside=bool(attrs.get("exclude_outside", 0)),
                        antialias=bool(attrs.get("antialias", 0)))
