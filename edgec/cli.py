@@ -665,13 +665,15 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
 @costmodel.command("eval")
 @_costmodel_target
 @click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
-                                                          "every measured model).")
+                                                          "every measured zoo model but the "
+                                                          "calibration suite's).")
 @click.option("--max-specializations", default=3, show_default=True, type=int)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the result: NAME.json and NAME.md.")
 def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,
                    output: Path | None) -> None:
     """Leave-one-model-out: Spearman, MAPE and each policy's measured expected latency."""
+    from . import zoo
     from .costmodel.evaluate import evaluate, render
     from .costmodel.store import load_measurements
     from .fileio import write_text
@@ -680,7 +682,10 @@ def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializat
     loaded = _target_or_default(target)
     rows = load_measurements(loaded)
     measured_models = sorted({r["model"] for r in rows if r.get("kind") == "region"})
-    names = list(holdout) or measured_models
+    # By default the zoo's models measured (a bench of another model adds rows too), less the
+    # calibration suite: training data, not models a plan is judged on.
+    names = list(holdout) or [n for n in measured_models
+                              if n in zoo.names() and n not in zoo.calibration_names()]
     missing = [n for n in names if n not in measured_models]
     if missing:
         raise EdgecError(f"no measurements of {', '.join(missing)} for target '{loaded.name}'; "

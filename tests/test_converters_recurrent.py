@@ -243,17 +243,25 @@ def test_lstm_tagger_end_to_end_with_library_dispatch(tmp_path):
             np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-5, err_msg=f"{name} at seq {n}")
 
 
-def test_cost_model_features_count_a_recurrent_layer_as_a_loop_of_matmuls():
+def test_cost_model_features_price_a_native_loop_apart_from_a_scan():
     from edgec.costmodel.features import region_features
     from edgec.regions import cut_regions
 
     proto, _ = recurrent("LSTM", hidden=8, features=6, directions=2, layout=1)
     lstm = from_proto(proto, "lstm_features")
     cut = cut_regions(lstm)[0]
-    feats = region_features(lstm, cut, {"seq": 10, "batch": 3}, "symbolic", load_target("x86_64"))
+    dims = {"seq": 10, "batch": 3}
+    native = region_features(lstm, cut, dims, "symbolic", load_target("x86_64"))
+    scan = region_features(lstm, cut, dims, "symbolic", load_target("cuda-sm90"))
     # Per step and batch row, 2 directions x 32 gate rows x (6 inputs + 8 hidden) multiply-adds;
-    # the input part is one library matmul before the loop.
-    assert 10 ** feats["log_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 14, rel=1e-4)
-    assert 10 ** feats["log_library_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 6, rel=1e-4)
-    assert 10 ** feats["log_trips"] - 1 == pytest.approx(10)
-    assert feats["control_flow"] == 1 and feats["frac_matmul"] == 1
+    # the input part is one library matmul before the loop either way.
+    for feats in (native, scan):
+        assert 10 ** feats["log_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 14, rel=1e-4)
+        assert 10 ** feats["log_library_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 6, rel=1e-4)
+        assert feats["frac_matmul"] == 1
+    # On a CPU the steps run in edgec's native loop: one call, its matrix-vector work priced apart.
+    assert 10 ** native["log_recurrent_flops"] - 1 == pytest.approx(2 * 10 * 3 * 2 * 32 * 8, rel=1e-4)
+    assert native["log_trips"] == 0 and native["control_flow"] == 0
+    # On a GPU they run as a Scan: a loop of 10 trips.
+    assert scan["log_recurrent_flops"] == 0
+    assert 10 ** scan["log_trips"] - 1 == pytest.approx(10) and scan["control_flow"] == 1

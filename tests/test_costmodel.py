@@ -54,7 +54,7 @@ def test_learners_fit_and_round_trip_through_json(name):
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 3, (120, len(FEATURE_NAMES)))
     x[:, FEATURE_NAMES.index("static")] = rng.integers(0, 2, 120)
-    y = np.log(1e-3 * 10 ** x[:, FEATURE_NAMES.index("log_flops")] + 0.01)
+    y = np.log(1e-3 * 10 ** x[:, FEATURE_NAMES.index("log_library_flops")] + 0.01)
     model = learn.make(name).fit(x, y)
     again = learn.from_json(json.loads(json.dumps(model.to_json())))
     np.testing.assert_allclose(again.predict(x), model.predict(x), rtol=1e-6, atol=1e-6)
@@ -69,6 +69,46 @@ def test_select_learner_prefers_trees_where_order_is_not_linear():
     chosen = learn.select_learner(x, y, groups, ("ridge", "gbdt"))
     assert set(chosen.held_out) == {"ridge", "gbdt"} and chosen.learner == "gbdt"
     assert chosen.held_out["gbdt"]["rank_error"] < chosen.held_out["ridge"]["rank_error"]
+
+
+def test_nonnegative_least_squares_matches_the_best_nonnegative_active_set():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((40, 5))
+    b = a @ np.array([1.0, -2.0, 0.5, 0.0, 3.0]) + 0.1 * rng.standard_normal(40)
+    x = learn.nonnegative_least_squares(a, b)
+    assert (x >= 0).all() and x[1] == 0  # the negative price is held at zero
+    # Brute force: the least-squares fit on every subset of columns whose solution is >= 0.
+    best = np.inf
+    for mask in range(1, 32):
+        cols = [i for i in range(5) if mask >> i & 1]
+        z = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (z >= 0).all():
+            best = min(best, float(np.sum((a[:, cols] @ z - b) ** 2)))
+    assert np.sum((a @ x - b) ** 2) == pytest.approx(best, rel=1e-9)
+
+
+def test_roofline_prices_work_and_extrapolates_past_what_it_saw():
+    """Latency = per-call overhead + library FLOPs at one price + TVM kernels' FLOPs at another,
+    cheaper in static functions: the roofline learns the prices from small regions and predicts
+    regions 10x bigger than any it saw."""
+    rng = np.random.default_rng(4)
+
+    def rows(n, scale):
+        x = np.zeros((n, len(FEATURE_NAMES)))
+        col = {name: i for i, name in enumerate(FEATURE_NAMES)}
+        library, tvm = rng.uniform(1e4, 1e6, n) * scale, rng.uniform(1e3, 1e5, n) * scale
+        static = rng.integers(0, 2, n)
+        x[:, col["log_library_flops"]] = np.log10(library + 1)
+        x[:, col["log_tvm_flops"]] = np.log10(tvm + 1)
+        x[:, col["static"]] = static
+        ms = 0.002 + library * 2e-8 + tvm * np.where(static, 5e-8, 1e-7)
+        return x, np.log(ms)
+
+    x, y = rows(200, 1.0)
+    big_x, big_y = rows(50, 10.0)
+    model = learn.make("roofline").fit(x, y)
+    np.testing.assert_allclose(np.exp(model.predict(big_x)), np.exp(big_y), rtol=1e-3)
+    assert (model.coef >= 0).all()
 
 
 def test_spearman_and_mape():

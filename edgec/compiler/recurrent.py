@@ -69,6 +69,19 @@ def rewrite_recurrent(proto: onnx.ModelProto, model_name: str,
     return proto
 
 
+def native_loop_fits(node: onnx.NodeProto, elem_type: int) -> bool:
+    """Whether a CPU build runs recurrent ``node`` (of element type ``elem_type``) in edgec's
+    native loop: float32, and per direction the default activations (an RNN: any of
+    tanh/relu/sigmoid). The cost model's features ask this too."""
+    defaults = [a.lower() for a in _DEFAULT_ACTIVATIONS[node.op_type]]
+    names = [attribute_text(name).lower() for a in node.attribute if a.name == "activations"
+             for name in a.strings] or defaults
+    per = len(defaults)
+    return elem_type == TensorProto.FLOAT and all(
+        names[at:at + per] == defaults or (node.op_type == "RNN" and names[at] in _NATIVE_RNN_ACTIVATIONS)
+        for at in range(0, len(names), per))
+
+
 def _elem_type(found: onnx.TypeProto | None) -> int:
     if found is not None and found.HasField("tensor_type") and found.tensor_type.elem_type:
         return found.tensor_type.elem_type
@@ -151,11 +164,7 @@ class _Recurrent:
         self.activations = self._activations(attrs)
         inputs = list(node.input) + [""] * (8 - len(node.input))
         self.x, self.w, self.r, self.bias, self.lens, self.h0, self.c0, self.peep = inputs[:8]
-        defaults = [a.lower() for a in _DEFAULT_ACTIVATIONS[self.kind]]
-        self.native = native and builder.elem_type == TensorProto.FLOAT and all(
-            [name for name, _, _ in acts] == defaults or
-            (self.kind == "RNN" and acts[0][0] in _NATIVE_RNN_ACTIVATIONS)
-            for acts in self.activations)
+        self.native = native and native_loop_fits(node, builder.elem_type)
         if self.lens and builder.opset < 11 and not self.native:
             raise ModelError(f"{where}: sequence_lens needs opset 11 or later (this model has "
                              f"{builder.opset}); convert it with onnx.version_converter")

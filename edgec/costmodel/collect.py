@@ -13,10 +13,12 @@ from ..targets import Target
 from .measure import Measured, measure_model
 from .store import append_measurements
 
-# The zoo's models whose shapes vary (the others have one option, static); small enough to
-# compile with every option in well under a minute each.
-COLLECT_MODELS = ("early_exit", "greedy_decoder", "moe", "scan_rnn", "transformer", "cnn_batch",
-                  "token_tagger", "prompt_encoder")
+# The zoo's models whose shapes vary (the others have one option, static), small enough to
+# compile with every option in well under a minute each, and the calibration suite (training
+# data only: ``costmodel eval`` holds out the others).
+HELD_OUT_MODELS = ("early_exit", "greedy_decoder", "moe", "scan_rnn", "transformer", "cnn_batch",
+                   "token_tagger", "prompt_encoder", "speech_lstm", "digits")
+COLLECT_MODELS = HELD_OUT_MODELS + tuple(zoo.calibration_names())
 
 
 # Samples per model, as a multiple of the zoo's default count: more distinct shapes to learn from.

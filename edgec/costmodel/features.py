@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from ..compiler.recurrent import native_loop_fits
 from ..model import Model, all_nodes, subgraphs
 from ..regions import RegionCut
 from ..targets import Target
@@ -48,6 +49,7 @@ FEATURE_NAMES = (
     "static_x_log_flops", "target_cores", "target_vector_bits", "padded", "pad_fraction",
     "log_pad_bytes", "log_library_flops", "log_tvm_flops", "log_kernels", "frac_library",
     "log_tvm_matmul_flops", "static_x_log_tvm_matmul_flops", "static_x_log_tvm_flops",
+    "log_recurrent_flops",
 )
 
 
@@ -135,7 +137,7 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
     shapes = _shapes_at(_fixed(model, dims))
     by_name = {n.name: n for n in model.proto.graph.node}
     flops = moved = 0.0
-    library_flops = tvm_matmul_flops = 0.0
+    library_flops = tvm_matmul_flops = recurrent_flops = 0.0
     library_calls = kernels = 0
     weights = {init.name for init in model.proto.graph.initializer}
     counts = dict.fromkeys(("matmul", "conv", "reduce", "movement", "shape", "elementwise"), 0)
@@ -183,19 +185,24 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
         elif op in _SHAPE:
             counts["shape"] += 1
         elif op in _RECURRENT:
-            # Compiled as a Scan (compiler/recurrent.py): the input projection is one library
-            # matmul before the loop; each step a matmul with R and the gates.
+            # compiler/recurrent.py: the input projection is one library matmul before the loop;
+            # each step a matmul with R and the gates, in edgec's native loop on CPU targets
+            # (one call, no per-step overhead) or as a Scan.
             x, w, r = (ins[k][1] if len(ins) > k and ins[k] is not None else [] for k in range(3))
+            native = target.kind == "llvm" and native_loop_fits(node, ins[0][0] if ins and ins[0] else 0)
             if len(x) == 3 and len(w) == 3 and len(r) == 3:
                 steps, rows = (x[1], x[0]) if _batch_major(node) else (x[0], x[1])
                 per_input = 2.0 * (steps or 1) * (rows or 1) * (w[0] or 1) * (w[1] or 1)
                 library_flops += per_input * (x[2] or 1)
                 flops += per_input * ((x[2] or 1) + (r[2] or 1))
+                # A matrix-vector product per step: priced apart from the library's matmuls.
+                recurrent_flops += per_input * (r[2] or 1) if native else 0.0
                 library_calls += 1
-                trip_total += steps or 1
+                trip_total += 0 if native else steps or 1
             counts["matmul"] += 1
-            control += 1
-            sub_nodes += _RECURRENT[op]
+            if not native:
+                control += 1
+                sub_nodes += _RECURRENT[op]
         elif op in _CONTROL:
             control += 1
             inner = _count_sub_nodes(node)
@@ -241,8 +248,9 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
     copied = sum(_elements(shapes[v][1]) * _itemsize(shapes[v][0])
                  for v in list(cut.inputs) + list(cut.outputs) if shapes.get(v)) if padded else 0.0
     feats["log_library_flops"] = math.log10(library_flops + 1.0)
-    feats["log_tvm_flops"] = math.log10(max(flops - library_flops, 0.0) + 1.0)
+    feats["log_tvm_flops"] = math.log10(max(flops - library_flops - recurrent_flops, 0.0) + 1.0)
     feats["log_kernels"] = math.log10(kernels + 1.0)
+    feats["log_recurrent_flops"] = math.log10(recurrent_flops + 1.0)
     feats["frac_library"] = library_calls / max(kernels, 1)
     # Static shapes pay most in TVM's own kernels, the matmuls of two computed tensors above all
     # (measured: attention's about 2x); oneDNN calls run alike either way.

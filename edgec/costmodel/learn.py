@@ -150,13 +150,40 @@ class BoostedTrees:
         return model
 
 
-class Roofline:
-    """Latency as a weighted sum of work: a constant, per node, per FLOP, per byte, per loop
-    body node and trip, each once more for static functions (what specializing changes).
+def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, iterations: int = 1000) -> np.ndarray:
+    """``argmin |a x - b|`` subject to ``x >= 0`` (Lawson and Hanson's active set method)."""
+    n = a.shape[1]
+    active = np.zeros(n, dtype=bool)  # the coefficients free to be positive
+    x = np.zeros(n)
+    for _ in range(iterations):
+        gradient = a.T @ (b - a @ x)
+        if active.all() or (gradient[~active] <= 1e-12).all():
+            break
+        active[int(np.argmax(np.where(active, -np.inf, gradient)))] = True
+        while True:
+            z = np.zeros(n)
+            z[active] = np.linalg.lstsq(a[:, active], b, rcond=None)[0]
+            if (z[active] > 0).all():
+                x = z
+                break
+            # Step back to where the first coefficient reaches zero and drop it.
+            leaving = active & (z <= 0)
+            x = x + np.min(x[leaving] / (x[leaving] - z[leaving])) * (z - x)
+            active &= x > 1e-15
+    return x
 
-    Fitted in linear time (relative error: each row weighted by 1/its time), so it extrapolates
-    to bigger regions as work does, which trees cannot. Reads the work back from the log
-    features; predicts ``log(ms)`` like the others.
+
+class Roofline:
+    """Latency as a sum of costs, each a non-negative price times an amount of work: a constant,
+    per node, per kernel, per library FLOP, per FLOP of TVM's kernels and of native recurrent
+    loops, per byte, per loop trip and per loop body node and trip, each priced apart for
+    symbolic and static functions (specializing makes some work cheaper); and the dispatch, and
+    the padding copies' bytes.
+
+    Fitted as relative error (each row weighted by 1/its time) with every price >= 0, so it
+    extrapolates to regions bigger or smaller than any it saw as their work does, which trees
+    and log-linear fits cannot. Reads the work back from the log features; predicts ``log(ms)``
+    like the others.
     """
 
     def __init__(self, names: Sequence[str] = ()) -> None:
@@ -165,19 +192,24 @@ class Roofline:
 
     def _terms(self, x: np.ndarray) -> np.ndarray:
         col = {n: x[:, i] for i, n in enumerate(self.names)}
-        work = [np.ones(len(x)), 10 ** col["log_nodes"], 10 ** col["log_flops"] - 1,
-                10 ** col["log_bytes"] - 1,
-                (10 ** col["log_sub_nodes"] - 1) * (10 ** col["log_trips"] - 1)]
+
+        def amount(name: str) -> np.ndarray:  # the features are log10(amount + 1)
+            return 10 ** col[name] - 1
+
+        work = [np.ones(len(x)), 10 ** col["log_nodes"], amount("log_kernels") + 1,
+                amount("log_library_flops"), amount("log_tvm_flops"), amount("log_recurrent_flops"),
+                amount("log_bytes"),
+                amount("log_trips"), amount("log_sub_nodes") * amount("log_trips")]
         static = col["static"]
-        return np.stack(work + [w * static for w in work] + [col["dispatch"]], axis=1)
+        return np.stack([w * (1 - static) for w in work] + [w * static for w in work] +
+                        [col["dispatch"], col["padded"], col["padded"] * amount("log_pad_bytes")], axis=1)
 
     def fit(self, x: np.ndarray, y: np.ndarray) -> "Roofline":
         terms = self._terms(x)
         ms = np.exp(y)
         scale = terms.max(axis=0)
         scale[scale == 0] = 1.0
-        weighted = terms / scale / ms[:, None]
-        self.coef = np.linalg.lstsq(weighted, np.ones(len(ms)), rcond=None)[0] / scale
+        self.coef = nonnegative_least_squares(terms / scale / ms[:, None], np.ones(len(ms))) / scale
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
@@ -240,14 +272,14 @@ class Selection:
 
 def select_learner(x: np.ndarray, y: np.ndarray, groups: Sequence[str],
                    learners: Sequence[str] = LEARNERS) -> Selection:
-    """Pick the learner whose predictions for a model left out rank that model's timings best.
+    """Pick the learner whose predictions for a model left out are closest to its timings.
 
     Each learner is fitted on all groups (models) but one and predicts the one left out. The
-    error that picks is the rank error, 1 - the mean over held-out models of Spearman's rho:
-    the planner only compares predicted costs (options of one region, shapes of one model), so
-    order is what must be right; a learner off by the same factor everywhere plans as well. Log
-    RMSE and MAPE are reported too (and break ties). ``x``'s columns are
-    :data:`features.FEATURE_NAMES` (the roofline learner reads them by name).
+    error that picks is the log RMSE of those predictions: the planner compares options of one
+    region, but it also sums regions and shapes into an expected latency and sets compile and
+    size budgets against it, so the level must be right as well as the order. The rank error
+    (1 - the mean over held-out models of Spearman's rho) breaks ties; it and MAPE are reported.
+    ``x``'s columns are :data:`features.FEATURE_NAMES` (the roofline learner reads them by name).
     """
     groups = np.asarray(groups)
     scores: dict[str, dict[str, float]] = {}
@@ -266,7 +298,7 @@ def select_learner(x: np.ndarray, y: np.ndarray, groups: Sequence[str],
         scores[name] = {"rank_error": round(1 - float(np.mean(rhos)), 4) if rhos else 1.0,
                         "log_rmse": round(log_rmse(predicted, y), 4),
                         "mape": round(mape(np.exp(predicted), np.exp(y)), 4)}
-    best = min(learners, key=lambda n: (scores[n]["rank_error"], scores[n]["log_rmse"], n))
+    best = min(learners, key=lambda n: (scores[n]["log_rmse"], scores[n]["rank_error"], n))
     return Selection(best, scores)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 
 from edgec.errors import EdgecError
-from edgec.zoo import bucketed, control_flow, digits, dynamic, light, static
+from edgec.zoo import bucketed, calibration, control_flow, digits, dynamic, light, static
 
 Samples = list[dict[str, np.ndarray]]
 
@@ -54,6 +54,40 @@ def _rand_model(name: str, seed: int) -> onnx.ModelProto:
 
 def _light_samples(name: str, count: int, seed: int) -> Samples:
     return light.light_samples(name, count, seed)
+
+
+def _calibration_models() -> list[ZooModel]:
+    """The cost model's calibration suite (:mod:`edgec.zoo.calibration`): one block each, at sizes
+    spread over two or three decades of their one symbolic dim."""
+    c = calibration
+    rows = c.row_samples
+    entries = [
+        ("calib_mlp_wide", "3 linear layers 128-512-512-128 over a dynamic number of rows",
+         partial(c.make_mlp, width=128, hidden=512, layers=3), partial(rows, width=128, median=16, low=1, high=512)),
+        ("calib_mlp_narrow", "8 linear layers of width 16-32 over a dynamic number of rows",
+         partial(c.make_mlp, width=16, hidden=32, layers=8), partial(rows, width=16, median=16, low=1, high=512)),
+        ("calib_elementwise", "16 elementwise ops, LayerNorm and Softmax over [rows, 256]",
+         c.make_elementwise, partial(rows, width=256, median=16, low=1, high=512)),
+        ("calib_attention", "single-head self-attention (width 64) over a dynamic sequence",
+         c.make_attention, partial(rows, width=64, median=24, low=2, high=256)),
+        ("calib_scan_small", "Scan with a 1-layer body on a [1, 16] state over a dynamic sequence",
+         partial(c.make_scan, width=16, depth=1), partial(rows, width=16, median=16, low=2, high=256, lead=(1,))),
+        ("calib_scan_wide", "Scan with a 3-layer body on a [1, 128] state over a dynamic sequence",
+         partial(c.make_scan, width=128, depth=3), partial(rows, width=128, median=16, low=2, high=128, lead=(1,))),
+        ("calib_gru", "GRU layer (hidden 64) over a dynamic sequence",
+         c.make_gru, partial(rows, width=32, median=40, low=4, high=400, lead=(1,))),
+        ("calib_conv", "three 3x3 convolutions and a max pool over a dynamic batch of 24x24 images",
+         c.make_conv, c.image_samples),
+    ]
+    return [ZooModel(name, "dynamic", f"cost-model calibration: {text}", make,
+                     lambda count, seed, sample=sample: sample(seed=seed, count=count), 24,
+                     ("calibration", "dynamic-shape"))
+            for name, text, make, sample in entries]
+
+
+def calibration_names() -> list[str]:
+    """The calibration suite's model names: cost-model training data, never held out."""
+    return [name for name in names() if "calibration" in _MODELS[name].features]
 
 
 def _registry() -> dict[str, ZooModel]:
@@ -93,6 +127,7 @@ def _registry() -> dict[str, ZooModel]:
                  "self-attention prompt encoder, four canned prompt lengths and free text",
                  bucketed.make_prompt_encoder, bucketed.prompt_encoder_samples, 24, ("dynamic-shape",)),
     ]
+    models += _calibration_models()
     for name in light.light_names():
         models.append(ZooModel(
             f"light_{name}", "static",
