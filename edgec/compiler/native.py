@@ -96,11 +96,12 @@ def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
 
 def runtime_kernels(compiler: str = "g++") -> NativeAddon:
     """edgec's own CPU kernels (``edgec/native/runtime_kernels.cc``): NonZero and Unique, which
-    TVM only provides from Python, and the time loop of LSTM/GRU/RNN layers. Needs nothing
-    beyond tvm_ffi."""
+    TVM only provides from Python, and the time loop of LSTM/GRU/RNN layers. Needs tvm_ffi, and
+    at run time GCC's OpenMP library, over whose threads the time loop shares out its steps."""
     obj = _compile_object(NATIVE_DIR / "runtime_kernels.cc", compiler,
-                          missing_header_hint="reinstall apache-tvm-ffi", header="tvm/ffi/function.h")
-    return NativeAddon("runtime_kernels", (str(obj),), (), ())
+                          missing_header_hint="reinstall apache-tvm-ffi", header="tvm/ffi/function.h",
+                          flags=("-fopenmp",))
+    return NativeAddon("runtime_kernels", (str(obj),), ("-fopenmp",), ("libgomp.so.1",))
 
 
 def _compiler_version(compiler: str) -> str:
@@ -120,15 +121,16 @@ def _ffi_include() -> str:
 
 
 def _compile_object(source: Path, compiler: str, missing_header_hint: str, header: str,
-                    defines: tuple[str, ...] = (), other_headers: dict[str, str] | None = None
-                    ) -> Path:
-    """``source`` compiled to a cached object; ``defines`` (``-D`` names) select parts of it.
+                    defines: tuple[str, ...] = (), other_headers: dict[str, str] | None = None,
+                    flags: tuple[str, ...] = ()) -> Path:
+    """``source`` compiled to a cached object with extra ``flags``; ``defines`` (``-D`` names)
+    select parts of it.
 
     A missing ``header`` fails with ``missing_header_hint``, a missing header of
     ``other_headers`` (header -> hint; those the library's own header includes) with its hint.
     """
     include = _ffi_include()
-    flags = [*_CXX_FLAGS, *(f"-D{name}" for name in defines), f"-I{include}"]
+    flags = [*_CXX_FLAGS, *flags, *(f"-D{name}" for name in defines), f"-I{include}"]
     key = hashlib.sha256()
     key.update(source.read_bytes())
     for shared in sorted(source.parent.glob("*.h")):  # the shims' shared header(s)

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <omp.h>
 #include <vector>
 
 namespace {
@@ -309,6 +310,127 @@ const float* FloatData(const ffi::Tensor& t, const char* what, int64_t at_least)
   return Elements<const float>(t);
 }
 
+// One recurrent layer's run, shared by the tasks that split its hidden units.
+struct RecurrentJob {
+  int kind, gates;
+  bool reverse, input_forget, linear_before_reset, has_clip;
+  Activation rnn_activation;
+  int64_t steps, batch, width, hidden;
+  float limit;
+  const float *xs, *rt, *p, *rb;
+  const int64_t* length;
+  float *ys, *c, *reset_h;
+  float* h[2];  // the state before and after a step, swapped each step
+};
+
+// Task ``task`` runs every step for its slice of hidden units (whole vectors of 16) of every
+// batch row: their gate rows from the whole previous state, then their new state. The tasks
+// meet at a barrier after each step (and in a GRU whose reset gate scales the state before R_h,
+// once more within it), so a task reads only states every task has finished writing. Each
+// element sums the same products in the same order however many tasks there are: the outputs
+// do not depend on the threads.
+void RecurrentSlice(const RecurrentJob& job, int task, int tasks) {
+  const int64_t hidden = job.hidden, width = job.width, batch = job.batch;
+  const int64_t slice = ((hidden + tasks - 1) / tasks + 15) / 16 * 16;
+  const int64_t j0 = std::min(hidden, task * slice), m = std::min(hidden, j0 + slice) - j0;
+  std::vector<float> g(std::max<int64_t>(batch * job.gates * m, 1)), hr(std::max<int64_t>(batch * m, 1));
+  auto barrier = [&] {
+    if (tasks > 1) {
+#pragma omp barrier
+    }
+  };
+  for (int64_t step = 0; step < job.steps; ++step) {
+    const int64_t t = job.reverse ? job.steps - 1 - step : step;
+    const float* h_prev_all = job.h[step % 2];
+    float* h_next_all = job.h[(step + 1) % 2];
+    // This slice's gate rows: x + h·R over its columns (a GRU's candidate waits for r ⊙ h).
+    for (int64_t n = 0; n < batch; ++n) {
+      if (t >= job.length[n]) continue;
+      const float* h_prev = h_prev_all + n * hidden;
+      const float* x_row = job.xs + (t * batch + n) * width;
+      float* gn = g.data() + n * job.gates * m;
+      const int computed = job.kind == 1 ? 2 : job.gates;
+      for (int q = 0; q < job.gates; ++q) {
+        std::memcpy(gn + q * m, x_row + q * hidden + j0, sizeof(float) * m);
+        if (q < computed) AddMatVec(gn + q * m, h_prev, job.rt + q * hidden + j0, hidden, m, width);
+      }
+      if (job.kind != 1) continue;
+      Activate(gn, 2 * m, kSigmoid, job.has_clip, job.limit);  // z and r
+      const float* gr = gn + m;
+      if (job.linear_before_reset) {
+        float* hn = hr.data() + n * m;
+        std::fill(hn, hn + m, 0.0f);
+        AddMatVec(hn, h_prev, job.rt + 2 * hidden + j0, hidden, m, width);
+      } else {
+        for (int64_t j = 0; j < m; ++j) job.reset_h[n * hidden + j0 + j] = gr[j] * h_prev[j0 + j];
+      }
+    }
+    if (job.kind == 1 && !job.linear_before_reset) barrier();  // r ⊙ h whole in every row
+    for (int64_t n = 0; n < batch; ++n) {
+      const float* h_prev = h_prev_all + n * hidden + j0;
+      float* h_next = h_next_all + n * hidden + j0;
+      if (t >= job.length[n]) {  // past this row's sequence: state kept, output zero
+        std::memcpy(h_next, h_prev, sizeof(float) * m);
+        continue;
+      }
+      float* gn = g.data() + n * job.gates * m;
+      float* out = job.ys + (t * batch + n) * hidden + j0;
+      if (job.kind == 2) {  // RNN
+        Activate(gn, m, job.rnn_activation, job.has_clip, job.limit);
+        std::memcpy(h_next, gn, sizeof(float) * m);
+        std::memcpy(out, gn, sizeof(float) * m);
+      } else if (job.kind == 1) {  // GRU: h = n + z (h - n), n = tanh(x + the r-scaled h·R_h)
+        const float *gz = gn, *gr = gn + m;
+        float* x_h = gn + 2 * m;
+        if (job.linear_before_reset) {
+          const float* hn = hr.data() + n * m;
+          for (int64_t j = 0; j < m; ++j) x_h[j] += gr[j] * (hn[j] + job.rb[j0 + j]);
+        } else {
+          AddMatVec(x_h, job.reset_h + n * hidden, job.rt + 2 * hidden + j0, hidden, m, width);
+        }
+        Activate(x_h, m, kTanh, job.has_clip, job.limit);
+        for (int64_t j = 0; j < m; ++j) {
+          const float value = x_h[j] + gz[j] * (h_prev[j] - x_h[j]);
+          h_next[j] = value;
+          out[j] = value;
+        }
+      } else {  // LSTM: gates i, o, f, c
+        float *gi = gn, *go = gn + m, *gf = gn + 2 * m, *gc = gn + 3 * m;
+        float* cn = job.c + n * hidden + j0;
+        if (job.p) {
+          for (int64_t j = 0; j < m; ++j) {
+            gi[j] += job.p[j0 + j] * cn[j];
+            gf[j] += job.p[2 * hidden + j0 + j] * cn[j];
+          }
+        }
+        Activate(gi, m, kSigmoid, job.has_clip, job.limit);
+        if (job.input_forget) {
+          for (int64_t j = 0; j < m; ++j) gf[j] = 1.0f - gi[j];
+        } else {
+          Activate(gf, m, kSigmoid, job.has_clip, job.limit);
+        }
+        Activate(gc, m, kTanh, job.has_clip, job.limit);
+        for (int64_t j = 0; j < m; ++j) cn[j] = gf[j] * cn[j] + gi[j] * gc[j];
+        if (job.p) {
+          for (int64_t j = 0; j < m; ++j) go[j] += job.p[hidden + j0 + j] * cn[j];
+        }
+        Activate(go, m, kSigmoid, job.has_clip, job.limit);
+        std::memcpy(out, cn, sizeof(float) * m);
+        Activate(out, m, kTanh, false, 0.0f);
+        for (int64_t j = 0; j < m; ++j) {
+          out[j] *= go[j];
+          h_next[j] = out[j];
+        }
+      }
+    }
+    barrier();  // the new state whole before the next step reads it
+  }
+}
+
+// Below this many multiply-adds per step one thread runs the loop: the barrier each step costs
+// more than the share of work it hands over.
+constexpr int64_t kParallelStepWork = 16384;
+
 void Recurrent(ffi::Tensor x, ffi::Tensor r_t, ffi::Tensor h0, ffi::Tensor c0, ffi::Tensor peep,
                ffi::Tensor lens, ffi::Tensor rbh, ffi::Tensor config, ffi::Tensor clip,
                ffi::Tensor y, ffi::Tensor h_out, ffi::Tensor c_out) {
@@ -326,102 +448,53 @@ void Recurrent(ffi::Tensor x, ffi::Tensor r_t, ffi::Tensor h0, ffi::Tensor c0, f
   for (int k = 0; k < 8; ++k) {
     cfg[k] = cd->dtype.bits == 64 ? Elements<const int64_t>(config)[k] : Elements<const int32_t>(config)[k];
   }
-  const int kind = static_cast<int>(cfg[0]);
-  const bool reverse = cfg[1], input_forget = cfg[2], linear_before_reset = cfg[3];
-  const bool has_peep = cfg[4], has_lens = cfg[5], has_clip = cfg[7];
-  const int rnn_activation = static_cast<int>(cfg[6]);
-  const int64_t steps = xd->shape[0], batch = xd->shape[1], width = xd->shape[2];
-  const int64_t gates = kind == 0 ? 4 : kind == 1 ? 3 : 1;
-  const int64_t hidden = width / gates;
-  const float limit = has_clip ? *FloatData(clip, "clip", 1) : 0.0f;
-  const float* xs = FloatData(x, "x", steps * batch * width);
-  const float* rt = FloatData(r_t, "R", hidden * width);
-  const float* p = has_peep ? FloatData(peep, "P", 3 * hidden) : nullptr;
-  const float* rb = linear_before_reset ? FloatData(rbh, "the recurrent bias", hidden) : nullptr;
-  float* ys = Elements<float>(y);
+  RecurrentJob job;
+  job.kind = static_cast<int>(cfg[0]);
+  job.gates = job.kind == 0 ? 4 : job.kind == 1 ? 3 : 1;
+  job.reverse = cfg[1];
+  job.input_forget = cfg[2];
+  job.linear_before_reset = cfg[3];
+  const bool has_peep = cfg[4], has_lens = cfg[5];
+  job.rnn_activation = cfg[6] == 1 ? kRelu : cfg[6] == 2 ? kSigmoid : kTanh;
+  job.has_clip = cfg[7];
+  const int64_t steps = job.steps = xd->shape[0];
+  const int64_t batch = job.batch = xd->shape[1];
+  const int64_t width = job.width = xd->shape[2];
+  const int64_t hidden = job.hidden = width / job.gates;
+  job.limit = job.has_clip ? *FloatData(clip, "clip", 1) : 0.0f;
+  job.xs = FloatData(x, "x", steps * batch * width);
+  job.rt = FloatData(r_t, "R", hidden * width);
+  job.p = has_peep ? FloatData(peep, "P", 3 * hidden) : nullptr;
+  job.rb = job.linear_before_reset ? FloatData(rbh, "the recurrent bias", hidden) : nullptr;
+  job.ys = Elements<float>(y);
+  job.c = Elements<float>(c_out);
   float* h = Elements<float>(h_out);
-  float* c = Elements<float>(c_out);
   std::memcpy(h, FloatData(h0, "initial_h", batch * hidden), sizeof(float) * batch * hidden);
-  if (kind == 0) {
-    std::memcpy(c, FloatData(c0, "initial_c", batch * hidden), sizeof(float) * batch * hidden);
+  if (job.kind == 0) {
+    std::memcpy(job.c, FloatData(c0, "initial_c", batch * hidden), sizeof(float) * batch * hidden);
   } else {
-    std::fill(c, c + batch * hidden, 0.0f);
+    std::fill(job.c, job.c + batch * hidden, 0.0f);
   }
-  std::fill(ys, ys + steps * batch * hidden, 0.0f);
+  std::fill(job.ys, job.ys + steps * batch * hidden, 0.0f);
   std::vector<int64_t> length(batch, steps);
   if (has_lens) {
     const int32_t* l = Elements<const int32_t>(lens);
     for (int64_t n = 0; n < batch; ++n) length[n] = std::min<int64_t>(std::max<int32_t>(l[n], 0), steps);
   }
-  std::vector<float> g(width), hr(hidden), reset_h(hidden);
-  for (int64_t step = 0; step < steps; ++step) {
-    const int64_t t = reverse ? steps - 1 - step : step;
-    for (int64_t n = 0; n < batch; ++n) {
-      if (t >= length[n]) continue;  // past this row's sequence: state kept, output zero
-      float* hn = h + n * hidden;
-      float* cn = c + n * hidden;
-      float* out = ys + (t * batch + n) * hidden;
-      std::memcpy(g.data(), xs + (t * batch + n) * width, sizeof(float) * width);
-      if (kind == 1) {  // GRU: gates z, r, then the candidate, whose h·R_h the reset gate scales
-        float* gz = g.data();  // z and r, side by side
-        float* gr = g.data() + hidden;
-        float* x_h = g.data() + 2 * hidden;
-        AddMatVec(g.data(), hn, rt, hidden, 2 * hidden, width);
-        Activate(gz, 2 * hidden, kSigmoid, has_clip, limit);
-        std::fill(hr.begin(), hr.end(), 0.0f);
-        if (linear_before_reset) {
-          AddMatVec(hr.data(), hn, rt + 2 * hidden, hidden, hidden, width);
-          for (int64_t j = 0; j < hidden; ++j) x_h[j] += gr[j] * (hr[j] + rb[j]);
-        } else {
-          for (int64_t j = 0; j < hidden; ++j) reset_h[j] = gr[j] * hn[j];
-          AddMatVec(x_h, reset_h.data(), rt + 2 * hidden, hidden, hidden, width);
-        }
-        Activate(x_h, hidden, kTanh, has_clip, limit);
-        for (int64_t j = 0; j < hidden; ++j) {
-          const float value = x_h[j] + gz[j] * (hn[j] - x_h[j]);
-          hn[j] = value;
-          out[j] = value;
-        }
-        continue;
-      }
-      AddMatVec(g.data(), hn, rt, hidden, width, width);
-      if (kind == 2) {  // RNN
-        Activate(g.data(), hidden, rnn_activation == 1 ? kRelu : rnn_activation == 2 ? kSigmoid : kTanh,
-                 has_clip, limit);
-        std::memcpy(hn, g.data(), sizeof(float) * hidden);
-        std::memcpy(out, g.data(), sizeof(float) * hidden);
-        continue;
-      }
-      float* gi = g.data();  // LSTM: gates i, o, f, c
-      float* go = g.data() + hidden;
-      float* gf = g.data() + 2 * hidden;
-      float* gc = g.data() + 3 * hidden;
-      if (p) {
-        for (int64_t j = 0; j < hidden; ++j) {
-          gi[j] += p[j] * cn[j];
-          gf[j] += p[2 * hidden + j] * cn[j];
-        }
-      }
-      Activate(gi, hidden, kSigmoid, has_clip, limit);
-      if (input_forget) {
-        for (int64_t j = 0; j < hidden; ++j) gf[j] = 1.0f - gi[j];
-      } else {
-        Activate(gf, hidden, kSigmoid, has_clip, limit);
-      }
-      Activate(gc, hidden, kTanh, has_clip, limit);
-      for (int64_t j = 0; j < hidden; ++j) cn[j] = gf[j] * cn[j] + gi[j] * gc[j];
-      if (p) {
-        for (int64_t j = 0; j < hidden; ++j) go[j] += p[hidden + j] * cn[j];
-      }
-      Activate(go, hidden, kSigmoid, has_clip, limit);
-      std::memcpy(out, cn, sizeof(float) * hidden);
-      Activate(out, hidden, kTanh, false, 0.0f);
-      for (int64_t j = 0; j < hidden; ++j) {
-        out[j] *= go[j];
-        hn[j] = out[j];
-      }
-    }
+  job.length = length.data();
+  std::vector<float> other(batch * hidden), reset_h(batch * hidden);
+  job.h[0] = h;
+  job.h[1] = other.data();
+  job.reset_h = reset_h.data();
+  // On OpenMP's threads, the ones oneDNN's calls (the input projection) have just used: a
+  // second pool would fight them for the cores. The runtimes size it (OMP_NUM_THREADS).
+  if (batch * hidden * width >= kParallelStepWork && omp_get_max_threads() > 1) {
+#pragma omp parallel
+    RecurrentSlice(job, omp_get_thread_num(), omp_get_num_threads());
+  } else {
+    RecurrentSlice(job, 0, 1);
   }
+  if (steps % 2 == 1) std::memcpy(h, other.data(), sizeof(float) * batch * hidden);
 }
 
 }  // namespace
