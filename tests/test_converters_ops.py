@@ -51,6 +51,26 @@ def test_constant_value_forms_become_value_tensors():
     np.testing.assert_array_equal(y, [11, 22, 33])
 
 
+def test_reductions_over_an_empty_set_give_their_identity():
+    """x [2, 0, 3]: every reduction over axis 1 is known at compile time (TVM's kernel would
+    leave the output unwritten: its init runs inside the empty loop); the empty Abs stays a
+    node (TVM cannot load a constant with no elements) and the sum over it folds too."""
+    ops = {"ReduceSum": 0.0, "ReduceProd": 1.0, "ReduceMax": -np.inf, "ReduceMin": np.inf,
+           "ReduceL2": 0.0, "ReduceLogSumExp": -np.inf}
+    nodes = [helper.make_node(op, ["x", "axes"], [op], keepdims=1, name=op) for op in ops]
+    nodes += [helper.make_node("Abs", ["x"], ["abs"], name="abs"),
+              helper.make_node("ReduceSum", ["abs", "axes"], ["abs_sum"], keepdims=0, name="abs_sum")]
+    outputs = [helper.make_tensor_value_info(op, TensorProto.FLOAT, [2, 1, 3]) for op in ops]
+    outputs.append(helper.make_tensor_value_info("abs_sum", TensorProto.FLOAT, [2, 3]))
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 0, 3])], outputs,
+                   [numpy_helper.from_array(np.array([1], np.int64), "axes")])
+    folded = fold_constants(model)
+    assert sorted(n.op_type for n in folded.graph.node) == ["Abs"] + ["Constant"] * 7
+    got = conformance.run(model, [np.zeros((2, 0, 3), np.float32)])
+    for value, want in zip(got, list(ops.values()) + [0.0]):
+        np.testing.assert_array_equal(value, np.full(value.shape, want, np.float32))
+
+
 def test_fixed_inputs_keep_the_graph_input_and_read_an_initializer():
     nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0, name="sum")]
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),

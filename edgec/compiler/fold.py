@@ -1,5 +1,6 @@
 """ONNX-level constant folding before import: fixed inputs, ``Shape`` of static tensors, and
-every node computed only from constants become ``Constant`` nodes.
+every node computed only from constants (or from tensors of static shape with no elements)
+become ``Constant`` nodes.
 
 TVM's importer accepts many shape-like arguments (axes, shape, sizes, k, pads, repeats,
 starts/ends) only as constants, and handles ``Shape`` results only in a dozen ops. Folding here,
@@ -129,6 +130,8 @@ def _full_rank_resizes(proto: onnx.ModelProto) -> None:
 
 
 def _foldable(proto: onnx.ModelProto) -> bool:
+    if _has_empty_input(proto.graph):
+        return True
     known = {init.name for init in proto.graph.initializer}
     for node in proto.graph.node:
         if node.op_type in ("Shape", "Size") or (
@@ -145,6 +148,11 @@ def _foldable(proto: onnx.ModelProto) -> bool:
 
 def _static_shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
     """Names whose shapes ONNX shape inference proves fully static."""
+    return {name: dims for name, (_, dims) in _static_types(proto).items()}
+
+
+def _static_types(proto: onnx.ModelProto) -> dict[str, tuple[int, list[int]]]:
+    """Names whose shapes ONNX shape inference proves fully static: (element type, dims)."""
     graph = proto.graph
     light = onnx.ModelProto()
     light.CopyFrom(proto)
@@ -162,16 +170,35 @@ def _static_shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
             inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # inference is best effort: without it only Shape of inputs folds
         inferred = light
-    shapes: dict[str, list[int]] = {}
+    types: dict[str, tuple[int, list[int]]] = {}
     for value in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             continue
         dims = value.type.tensor_type.shape.dim
         if all(d.HasField("dim_value") for d in dims):
-            shapes[value.name] = [d.dim_value for d in dims]
+            types[value.name] = (value.type.tensor_type.elem_type, [d.dim_value for d in dims])
     for init in graph.initializer:
-        shapes[init.name] = list(init.dims)
-    return shapes
+        types[init.name] = (init.data_type, list(init.dims))
+    return types
+
+
+def _has_empty_input(graph: onnx.GraphProto) -> bool:
+    return any(d.HasField("dim_value") and d.dim_value == 0
+               for value in graph.input for d in value.type.tensor_type.shape.dim)
+
+
+def _empty_values(types: dict[str, tuple[int, list[int]]]) -> dict[str, np.ndarray]:
+    """The tensors of static shape with no elements: their value is their shape, so nodes
+    computed from them fold like constants (a reduction over an empty set is its identity; TVM's
+    kernel would leave its output unwritten, as its init runs inside the empty loop)."""
+    empty = {}
+    for name, (elem_type, dims) in types.items():
+        if 0 in dims and elem_type not in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+            try:
+                empty[name] = np.zeros(dims, helper.tensor_dtype_to_np_dtype(elem_type))
+            except (KeyError, TypeError, ValueError):  # an element type numpy cannot hold
+                continue
+    return empty
 
 
 def _evaluate(node: onnx.NodeProto, values: list[np.ndarray | None], opset: int,
@@ -216,8 +243,10 @@ def _fold_round(proto: onnx.ModelProto, opset: int) -> bool:
     for init in graph.initializer:
         if int(np.prod(init.dims)) <= MAX_FOLDED_ELEMENTS:
             known[init.name] = numpy_helper.to_array(init)
-    needs_shapes = any(n.op_type in ("Shape", "Size") for n in graph.node)
-    shapes = _static_shapes(proto) if needs_shapes else {}
+    needs_shapes = _has_empty_input(graph) or any(n.op_type in ("Shape", "Size") for n in graph.node)
+    types = _static_types(proto) if needs_shapes else {}
+    shapes = {name: dims for name, (_, dims) in types.items()}
+    known = {**_empty_values(types), **known}
     changed = False
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
@@ -240,6 +269,11 @@ def _fold_round(proto: onnx.ModelProto, opset: int) -> bool:
                           for a in node.attribute)):
             results = _evaluate(node, [known[n] if n else None for n in node.input], opset,
                                 proto.ir_version)
+        if results is not None and any(r.size == 0 for r in results):
+            # TVM's VM cannot load a constant with no elements: the node stays (it is cheap), and
+            # what reads its result still folds.
+            known.update((name, value) for name, value in zip(node.output, results) if name)
+            results = None
         if results is None:
             new_nodes.append(node)
             continue
