@@ -389,8 +389,13 @@ def test_refusals():
     with pytest.raises(CompileError, match="GPU"):
         quantize(model, prof, target, QuantizeSettings("fp16"), held_out)
     with pytest.raises(CompileError, match="int8 kernels"):
-        quantize(model, prof, load_target("arm64-cortex-a72"), QuantizeSettings("int8-weight"),
-                 held_out)
+        quantize(model, prof, load_target("cuda-sm90"), QuantizeSettings("int8-weight"), held_out)
+    arm = load_target("arm64-cortex-a72")  # XNNPACK: weight-only int8, no integer kernels
+    for mode in ("int8-static", "int8-dynamic"):
+        with pytest.raises(CompileError, match="int8-weight or auto"):
+            quantize(model, prof, arm, QuantizeSettings(mode), held_out)
+    auto = quantize(model, prof, arm, QuantizeSettings("auto", 0.5), held_out)
+    assert {layer["precision"] for layer in auto.layers} == {"int8-weight"}
     with pytest.raises(SamplesError, match="held-out"):
         quantize(model, prof, target, QuantizeSettings("int8-weight"), [])
     for bad in (QuantizeSettings("int4"), QuantizeSettings("auto", 2.0),
@@ -446,10 +451,10 @@ def test_fp16_builds_cuda_programs_in_half_precision():
         assert recorded["accuracy"]["measured"]["drop"] <= 0.01
     with pytest.raises(CompileError, match="GPU targets"):
         quantize(model, prof, load_target(TARGET), QuantizeSettings("fp16"), samples[:3])
-    # int8 decisions cannot build for a CUDA target: oneDNN's kernels are CPU code.
+    # int8 decisions cannot build for a CUDA target: oneDNN's and XNNPACK's kernels are CPU code.
     int8 = quantize(model, prof, load_target(TARGET), QuantizeSettings("int8-weight", 1.0),
                     samples[:3])
-    with pytest.raises(CompileError, match="oneDNN's, for x86 CPU targets"):
+    with pytest.raises(CompileError, match=r"oneDNN's \(x86\) and XNNPACK's \(Arm\)"):
         build(model, the_plan, [gpu], quantization=int8)
 
 

@@ -94,12 +94,22 @@ void CheckFloat32(const DLTensor* t, const char* shim, const char* what) {
 }
 
 // The operands of a conv2d or dense call: each float32 on the CPU, named "<op> data", "<op>
-// weight"... in errors (`shim` as in CheckFloat32); `residual` may be absent.
+// weight"... in errors (`shim` as in CheckFloat32); `residual` may be absent. With
+// `weight_scale` (a weight-only int8 layer), the weight is int8 and its scales float32.
 void CheckOperands(const char* shim, const char* op, const DLTensor* src, const DLTensor* weight,
-                   const DLTensor* bias, const DLTensor* dst, const DLTensor* residual = nullptr) {
+                   const DLTensor* bias, const DLTensor* dst, const DLTensor* residual = nullptr,
+                   const DLTensor* weight_scale = nullptr) {
   const std::string name(op);
   CheckFloat32(src, shim, (name + " data").c_str());
-  CheckFloat32(weight, shim, (name + " weight").c_str());
+  if (weight_scale == nullptr) {
+    CheckFloat32(weight, shim, (name + " weight").c_str());
+  } else {
+    if (weight->device.device_type != kDLCPU || weight->dtype.code != kDLInt ||
+        weight->dtype.bits != 8 || weight->dtype.lanes != 1 || !Compact(weight)) {
+      TVM_FFI_THROW(ValueError) << shim << ": " << name << " weight is not a compact int8 CPU tensor";
+    }
+    CheckFloat32(weight_scale, shim, (name + " weight scale").c_str());
+  }
   CheckFloat32(bias, shim, (name + " bias").c_str());
   CheckFloat32(dst, shim, (name + " output").c_str());
   if (residual != nullptr) CheckFloat32(residual, shim, (name + " residual").c_str());

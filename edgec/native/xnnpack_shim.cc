@@ -14,6 +14,11 @@
 // setup and run change it, so each runs under its own mutex; one VM (or several) may call from
 // any thread.
 //
+// Weight-only int8 layers (`edgec_xnn_q8_*_w8`, written by edgec/quantize/kernels.py) pass the
+// weight as int8 with one float scale per output channel, after the weight: it is dequantized
+// when the operator is made, so the library stores a byte per weight and every call costs what
+// fp32 costs (as dnnl_int8.cc's `_w8` functions on x86).
+//
 // Activations are NHWC as [N, 1, H, W, C] (the layout library_dispatch keeps between XNNPACK
 // calls) or plain NCHW (the model's input image, or every tensor when the layout pass is off),
 // which is transposed through a scratch buffer. Weights are OIHW (as in ONNX) and transposed to
@@ -149,6 +154,22 @@ int64_t BiasKey(const DLTensor* bias) {
   return static_cast<int64_t>(h >> 1);
 }
 
+// A weight-only int8 weight's float32 values: each int8 value times its output channel's scale
+// (`channel_axis`: 0 for OIHW, 1 for [K, N]).
+std::vector<float> Dequantize(const DLTensor* weight, const DLTensor* scale, int channel_axis) {
+  const int64_t channels = weight->shape[channel_axis];
+  if (Numel(scale) != channels) {
+    TVM_FFI_THROW(ValueError) << "edgec xnnpack: an int8 weight needs one scale per output channel";
+  }
+  int64_t inner = 1;
+  for (int i = channel_axis + 1; i < weight->ndim; ++i) inner *= weight->shape[i];
+  const int8_t* q = reinterpret_cast<const int8_t*>(static_cast<const char*>(weight->data) + weight->byte_offset);
+  const float* s = FloatData(scale);
+  std::vector<float> values(static_cast<size_t>(Numel(weight)));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = q[i] * s[(static_cast<int64_t>(i) / inner) % channels];
+  return values;
+}
+
 // An operator and the lock its setup and run take.
 struct Operator {
   xnn_operator_t op = nullptr;
@@ -161,7 +182,7 @@ struct Operator {
 // ---------------------------------------------------------------------------------------------
 // Convolution
 
-std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* bias,
+std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* w, const float* bias,
                                    const int64_t* attrs, bool clamp_relu) {
   // attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
   const int64_t out = weight->shape[0], group_in = weight->shape[1];
@@ -170,7 +191,6 @@ std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* bias,
     TVM_FFI_THROW(ValueError) << "edgec xnnpack: conv2d groups do not divide the output channels";
   }
   // OIHW [O, I/g, KH, KW] -> [O, KH, KW, I/g]: XNNPACK's [g, O/g, KH, KW, I/g] in one piece.
-  const float* w = FloatData(weight);
   std::vector<float> ohwi(out * kh * kw * group_in);
   for (int64_t o = 0; o < out; ++o) {
     for (int64_t i = 0; i < group_in; ++i) {
@@ -195,9 +215,10 @@ std::shared_ptr<Operator> MakeConv(const DLTensor* weight, const float* bias,
   return entry;
 }
 
-void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
-            const int64_t* attrs, int64_t weight_id, DLTensor* dst) {
-  CheckOperands("edgec xnnpack", "conv2d", src, weight, bias, dst, residual);
+// `weight_scale`: the weight is int8 (weight-only int8), else float32.
+void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* bias,
+            DLTensor* residual, const int64_t* attrs, int64_t weight_id, DLTensor* dst) {
+  CheckOperands("edgec xnnpack", "conv2d", src, weight, bias, dst, residual, weight_scale);
   if (weight->ndim != 4) TVM_FFI_THROW(ValueError) << "edgec xnnpack: conv2d weight must be OIHW";
   Activation in = Layout(src, "conv2d data"), out = Layout(dst, "conv2d output");
   if (in.c != weight->shape[1] * attrs[8] || out.c != weight->shape[0] || in.n != out.n) {
@@ -213,9 +234,14 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   key.push_back(clamp_relu);
   key.push_back(weight_id);
   key.push_back(BiasKey(bias));
+  key.push_back(weight_scale != nullptr);
   AppendShape(&key, weight);
   static PrimitiveCache<Operator> cache;
-  auto entry = cache.Get(key, [&]() { return MakeConv(weight, FloatData(bias), attrs, clamp_relu); });
+  auto entry = cache.Get(key, [&]() {
+    if (weight_scale == nullptr) return MakeConv(weight, FloatData(weight), FloatData(bias), attrs, clamp_relu);
+    const std::vector<float> w = Dequantize(weight, weight_scale, 0);
+    return MakeConv(weight, w.data(), FloatData(bias), attrs, clamp_relu);
+  });
 
   const size_t in_size = static_cast<size_t>(Numel(src));
   const size_t out_size = static_cast<size_t>(Numel(dst));
@@ -256,7 +282,18 @@ void Conv2dExport(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t strid
                   int64_t flags, int64_t weight_id, DLTensor* dst) {
   const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
                            pad_right, dilation_h, dilation_w, groups, flags};
-  Conv2d(src, weight, bias, nullptr, attrs, weight_id, dst);
+  Conv2d(src, weight, nullptr, bias, nullptr, attrs, weight_id, dst);
+}
+
+// q8_conv2d_w8(data, weight[O, I/groups, KH, KW] int8, weight_scale[O], bias, <attributes as
+// conv2d>, weight id, out): conv2d of the dequantized weight.
+void Conv2dW8Export(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* bias,
+                    int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                    int64_t pad_bottom, int64_t pad_right, int64_t dilation_h, int64_t dilation_w,
+                    int64_t groups, int64_t flags, int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
+                           pad_right, dilation_h, dilation_w, groups, flags};
+  Conv2d(src, weight, weight_scale, bias, nullptr, attrs, weight_id, dst);
 }
 
 // conv2d_add(data, weight, bias, residual, <attributes as conv2d>, out):
@@ -268,7 +305,19 @@ void Conv2dAddExport(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* 
                      DLTensor* dst) {
   const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
                            pad_right, dilation_h, dilation_w, groups, flags};
-  Conv2d(src, weight, bias, residual, attrs, weight_id, dst);
+  Conv2d(src, weight, nullptr, bias, residual, attrs, weight_id, dst);
+}
+
+// q8_conv2d_add_w8(data, weight int8, weight_scale, bias, residual, <attributes as conv2d>,
+// weight id, out): conv2d_add of the dequantized weight.
+void Conv2dAddW8Export(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* bias,
+                       DLTensor* residual, int64_t stride_h, int64_t stride_w, int64_t pad_top,
+                       int64_t pad_left, int64_t pad_bottom, int64_t pad_right, int64_t dilation_h,
+                       int64_t dilation_w, int64_t groups, int64_t flags, int64_t weight_id,
+                       DLTensor* dst) {
+  const int64_t attrs[] = {stride_h, stride_w, pad_top, pad_left, pad_bottom,
+                           pad_right, dilation_h, dilation_w, groups, flags};
+  Conv2d(src, weight, weight_scale, bias, residual, attrs, weight_id, dst);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -276,9 +325,9 @@ void Conv2dAddExport(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* 
 
 // dense(data[..., K], weight[K, N], bias[N], flags, weight id, out[..., N]):
 // out = act(data @ weight + bias), the leading dims of data flattened into M.
-void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64_t weight_id,
-           DLTensor* dst) {
-  CheckOperands("edgec xnnpack", "dense", src, weight, bias, dst);
+void DenseImpl(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* bias,
+               int64_t flags, int64_t weight_id, DLTensor* dst) {
+  CheckOperands("edgec xnnpack", "dense", src, weight, bias, dst, nullptr, weight_scale);
   if (weight->ndim != 2 || src->ndim < 1 || src->shape[src->ndim - 1] != weight->shape[0]) {
     TVM_FFI_THROW(ValueError) << "edgec xnnpack: dense needs data [..., K] and weight [K, N]";
   }
@@ -289,13 +338,16 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   Initialize();
 
   static PrimitiveCache<Operator> cache;
-  auto entry = cache.Get({k, n, flags, weight_id, BiasKey(bias)}, [&]() {
+  auto entry = cache.Get({k, n, flags, weight_id, BiasKey(bias), weight_scale != nullptr}, [&]() {
     auto entry = std::make_shared<Operator>();
     const float lo = (flags & kRelu) ? 0.f : -std::numeric_limits<float>::infinity();
+    std::vector<float> dequantized;
+    if (weight_scale != nullptr) dequantized = Dequantize(weight, weight_scale, 1);
     // XNN_FLAG_TRANSPOSE_WEIGHTS: the kernel is [K, N] (input channels first), as edgec's is.
     Check(xnn_create_fully_connected_nc_f32(
               static_cast<size_t>(k), static_cast<size_t>(n), static_cast<size_t>(k),
-              static_cast<size_t>(n), FloatData(weight), FloatData(bias), lo,
+              static_cast<size_t>(n), weight_scale != nullptr ? dequantized.data() : FloatData(weight),
+              FloatData(bias), lo,
               std::numeric_limits<float>::infinity(), XNN_FLAG_TRANSPOSE_WEIGHTS, &entry->op),
           "creating a dense operator");
     return entry;
@@ -307,8 +359,23 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   Check(xnn_run_operator(entry->op, Pool()), "running dense");
 }
 
+void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64_t weight_id,
+           DLTensor* dst) {
+  DenseImpl(src, weight, nullptr, bias, flags, weight_id, dst);
+}
+
+// q8_dense_w8(data, weight[K, N] int8, weight_scale[N], bias, flags, weight id, out): dense of
+// the dequantized weight.
+void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* bias,
+             int64_t flags, int64_t weight_id, DLTensor* dst) {
+  DenseImpl(src, weight, weight_scale, bias, flags, weight_id, dst);
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_conv2d, Conv2dExport);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_conv2d_add, Conv2dAddExport);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_dense, Dense);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_conv2d_w8, Conv2dW8Export);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_conv2d_add_w8, Conv2dAddW8Export);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_dense_w8, DenseW8);

@@ -158,11 +158,15 @@ def held_out_split(samples: Sequence[Sample]) -> tuple[list[Sample], list[Sample
     return calibration, held
 
 
-def _initial_precision(layer: Layer, mode: str, ranges: dict[str, Any]) -> tuple[str, str]:
-    """A layer's precision under ``mode`` before the guard, and why."""
+def _initial_precision(layer: Layer, mode: str, ranges: dict[str, Any],
+                       integer: bool = True) -> tuple[str, str]:
+    """A layer's precision under ``mode`` before the guard, and why; ``integer``: whether the
+    target has integer kernels (without, ``auto`` is weight-only)."""
     has_range = layer.activation in ranges
     if layer.kind == "embedding" or mode == "int8-weight":
         return "int8-weight", f"{mode}: weights int8"
+    if not integer:
+        return "int8-weight", f"{mode}: weights int8 (the target has no integer kernels)"
     if mode == "int8-dynamic":
         if layer.kind == "dense":
             return "int8-dynamic", "int8-dynamic: input quantized per call"
@@ -188,10 +192,16 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             f"--quantize fp16 is for GPU targets and '{target.name}' is a CPU target; use "
             f"int8-weight, int8-dynamic, int8-static or auto, or a CUDA --target (cuda-sm89, "
             f"cuda-sm90, jetson-orin) first")
-    if settings.mode != "fp16" and not target.libraries.get("dnnl", False):
+    integer = bool(target.libraries.get("dnnl"))  # oneDNN's integer kernels (x86)
+    if settings.mode != "fp16" and not integer and not target.libraries.get("xnnpack"):
         raise CompileError(
-            f"target '{target.name}' has no int8 kernels (they need [libraries] dnnl = true); "
-            f"compile without --quantize")
+            f"target '{target.name}' has no int8 kernels (they need [libraries] dnnl = true or "
+            f"xnnpack = true); compile without --quantize")
+    if settings.mode in ("int8-static", "int8-dynamic") and not integer:
+        raise CompileError(
+            f"--quantize {settings.mode} needs integer kernels, which target '{target.name}' "
+            f"lacks (XNNPACK's int8 here takes no per-channel scales); use --quantize int8-weight "
+            f"or auto")
     if not held_out:
         raise SamplesError("the accuracy guard needs held-out samples; pass --held-out-samples")
     layers = find_layers(model.proto)
@@ -210,7 +220,7 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
         elif settings.mode == "fp16":
             precision, reason = "fp16", f"fp16: the {target.name} program in half precision"
         else:
-            precision, reason = _initial_precision(layer, settings.mode, prof.ranges)
+            precision, reason = _initial_precision(layer, settings.mode, prof.ranges, integer)
         if precision == "int8-static":
             if settings.calibration == "entropy" and "abs_hist" not in prof.ranges[layer.activation]:
                 raise CompileError(
@@ -285,10 +295,11 @@ def _demote(entry: dict[str, Any], settings: QuantizeSettings, drop: float) -> N
 
 def measure(artifact_path: Path, model: Model, held_out: Sequence[Sample],
             target: str | None = None) -> dict[str, Any]:
-    """The compiled artifact's accuracy against fp32 (onnxruntime) on ``held_out``."""
-    from .. import runtime
+    """The compiled artifact's accuracy against fp32 (onnxruntime) on ``held_out``, run where
+    ``target``'s file says (here, under qemu or through RPC)."""
+    from .. import remote
 
-    compiled = runtime.load(artifact_path, target=target)
+    compiled = remote.load(artifact_path, target=target)
     session = reference_session(model.proto)
     reference = [session.run(s.arrays) for s in held_out]
     outputs = [compiled.run(s.arrays) for s in held_out]
@@ -402,11 +413,16 @@ def _build_fp16(model: Model, the_plan, targets: list[Target], quant: Quantizati
 
 
 def _runnable(artifact, targets: list[Target]) -> str | None:
-    """The first target whose library this machine can run (the guard measures that one)."""
+    """The target whose library the guard measures: the first this machine runs, else the first
+    whose target file says how to run it elsewhere (under qemu, on a device through RPC)."""
     from ..runtime import select_target
 
     try:
         return select_target(artifact.manifest, None, "the artifact being built")
     except EdgecError:
-        raise CompileError("the accuracy guard measures the compiled artifact on this machine; "
-                           "add a --target this machine can run") from None
+        pass
+    for target in targets:
+        if target.run.get("mode", "local") != "local":
+            return target.name
+    raise CompileError("the accuracy guard measures the compiled artifact; add a --target this "
+                       "machine can run, or one whose target file says how to run it ([run] mode)")

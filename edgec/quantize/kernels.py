@@ -1,11 +1,12 @@
-"""Quantized layers in the compiled program: oneDNN int8 calls and int8 embedding tables.
+"""Quantized layers in the compiled program: int8 library calls and int8 embedding tables.
 
 The codegen calls :func:`library_rewrite`'s result right after library dispatch
 (``LLVMCodegen.compile(..., library_rewrite=...)``). It rewrites
 
 - ``edgec_dnnl_dense`` / ``edgec_dnnl_conv2d`` calls whose (folded) weight belongs to a quantized
   layer into the ``edgec_q8_*`` functions of ``edgec/native/dnnl_int8.cc``, with the weight as an
-  int8 constant and its per-channel scales (the argument lists are in that file);
+  int8 constant and its per-channel scales (the argument lists are in that file); on Arm, the
+  ``edgec_xnn_*`` calls of weight-only layers into ``edgec_xnn_q8_*_w8`` (``xnnpack_shim.cc``);
 - ``take`` from a quantized embedding table into ``take`` from the int8 table, cast and scaled
   per row, so only the gathered rows are dequantized.
 
@@ -34,7 +35,12 @@ from .layers import Layer, find_layers, initializer_arrays
 
 _CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 _TAKE = tvm.ir.Op.get("relax.take")
-_FP32_DENSE, _FP32_CONV = "edgec_dnnl_dense", "edgec_dnnl_conv2d"
+# The library calls a quantized layer's call replaces, by the fp32 function library dispatch
+# wrote: oneDNN's int8 functions (dnnl_int8.cc, x86: weight-only and integer), XNNPACK's
+# (xnnpack_shim.cc, Arm: weight-only, in the shim the program links already).
+_QUANTIZED_CALLS = {"edgec_dnnl_dense": "edgec_q8_dense", "edgec_dnnl_conv2d": "edgec_q8_conv2d",
+                    "edgec_xnn_dense": "edgec_xnn_q8_dense", "edgec_xnn_conv2d": "edgec_xnn_q8_conv2d",
+                    "edgec_xnn_conv2d_add": "edgec_xnn_q8_conv2d_add"}
 
 
 
@@ -84,7 +90,7 @@ class _Rewrite(relax.PyExprMutator):
         call = super().visit_call_(call)
         if call.op.same_as(_CALL_DPS_PACKED) and isinstance(call.args[0], relax.ExternFunc):
             name = call.args[0].global_symbol
-            if name in (_FP32_DENSE, _FP32_CONV):
+            if name in _QUANTIZED_CALLS:
                 return self._library_call(call, name)
         elif (call.op.same_as(_TAKE) and call.attrs.axis is not None
               and int(call.attrs.axis) == 0):  # axis None would index the flattened table
@@ -103,18 +109,22 @@ class _Rewrite(relax.PyExprMutator):
         if found is None or found.precision == "fp32":
             return call
         found.uses += 1
-        x, bias, ints = args[0], args[2], args[3:-1]
+        # The fp32 call's (data, weight, bias, [residual,] attributes..., weight id): the int8
+        # weight and its scales replace the weight; integer layers add the input's quantization.
+        x, bias, rest = args[0], args[2], args[3:-1]
         wid = relax.prim_value(found.weight_id)
         quant: list[relax.Expr] = []
         suffix = "w8"
         if found.precision in ("int8-static", "int8-dynamic"):
+            if name.startswith("edgec_xnn_"):
+                raise CompileError(f"layer '{found.layer.name}': {found.precision} needs oneDNN's "
+                                   f"integer kernels (x86); on XNNPACK targets use int8-weight")
             suffix = "i8"
             act = found.activation or {"scale": 0.0, "zero": 0}  # scale 0: per call (dynamic)
             quant = [relax.prim_value(float(act["scale"]), "float64"),
                      relax.prim_value(int(act["zero"]))]
-        kind = "dense" if name == _FP32_DENSE else "conv2d"
-        new_args = [x, found.weight, found.scale, bias, *quant, *ints, wid]
-        return relax.call_dps_packed(f"edgec_q8_{kind}_{suffix}", new_args, call.ty_args[0])
+        new_args = [x, found.weight, found.scale, bias, *quant, *rest, wid]
+        return relax.call_dps_packed(f"{_QUANTIZED_CALLS[name]}_{suffix}", new_args, call.ty_args[0])
 
     def _embedding(self, call: relax.Call) -> relax.Expr:
         found = self._find(call.args[0])
@@ -138,8 +148,8 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
 
     def rewrite(mod: tvm.IRModule, target: Target) -> tuple[tvm.IRModule, list[native.NativeAddon]]:
         if target.kind != "llvm":
-            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's, for "
-                               f"x86 CPU targets; build '{target.name}' without --quantize "
+            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's (x86) "
+                               f"and XNNPACK's (Arm); build '{target.name}' without --quantize "
                                f"(or with --quantize fp16)")
         by_id: dict[int, _Quantized] = {}
         for layer in find_layers(proto):
@@ -151,8 +161,9 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
                 layer, decision["precision"], compiled, scheme, decision.get("activation"))
         mutator = _Rewrite(mod, by_id)
         mod = rewrite_functions(mutator, mod)
-        kinds = tuple(sorted({q.layer.kind for q in by_id.values()
-                              if q.uses and q.layer.kind != "embedding"}))
+        # XNNPACK's weight-only functions are in its shim, which the program links already.
+        kinds = () if target.libraries.get("xnnpack") else tuple(sorted(
+            {q.layer.kind for q in by_id.values() if q.uses and q.layer.kind != "embedding"}))
         if found is not None:
             for quantized in by_id.values():
                 found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
