@@ -194,11 +194,12 @@ def test_xnnpack_conv_patterns_match_onnxruntime_under_qemu(arm_host, tmp_path, 
 
 
 def test_int8_weight_on_xnnpack_keeps_weights_int8_and_its_accuracy_under_qemu(arm_host, tmp_path):
-    """--quantize int8-weight for the Cortex-A72 alone: the convolutions (plain, residual add +
-    relu, grouped, depthwise) and the Gemm call XNNPACK's weight-only functions, whose weights
-    the library stores as int8 (dequantized once, when the operator is made); the accuracy guard
-    measures the artifact under qemu; its outputs are fp32's within int8's rounding. The integer
-    modes are refused with a one-line error: XNNPACK's int8 here has no per-channel scales."""
+    """--quantize int8-weight for the Cortex-A72 alone: the convolutions (batch norm folded,
+    residual add + relu, grouped, depthwise) and the Gemm call XNNPACK's weight-only functions,
+    whose weights the library stores as int8 (dequantized once, when the operator is made); the
+    accuracy guard measures the artifact under qemu; its outputs are fp32's within int8's
+    rounding. The integer modes are refused with a one-line error: XNNPACK's int8 here has no
+    per-channel scales."""
     from test_library_dispatch import cnn_model
     import onnx
 
@@ -220,14 +221,11 @@ def test_int8_weight_on_xnnpack_keeps_weights_int8_and_its_accuracy_under_qemu(a
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = Artifact.load(tmp_path / "int8.edgec").manifest
     quantization = manifest["quantization"]
-    # All but the convolution whose batch norm the dispatch folds into its weight (no int8 form
-    # of that weight exists: it stays fp32 and says why, on x86 too).
-    kept = [layer for layer in quantization["layers"] if layer["precision"] != "int8-weight"]
-    assert [layer["name"] for layer in kept] == ["Conv_0"] and "no int8 form" in kept[0]["reason"]
+    assert {layer["precision"] for layer in quantization["layers"]} == {"int8-weight"}
     assert quantization["accuracy"]["measured"]["drop"] <= 0.01
     linked = manifest["libraries"][ARM.name]["linked_functions"]
     assert {"edgec_xnn_q8_conv2d_w8", "edgec_xnn_q8_conv2d_add_w8", "edgec_xnn_q8_dense_w8"} <= set(linked)
-    assert not {"edgec_xnn_conv2d_add", "edgec_xnn_dense"} & set(linked)  # Conv_0 keeps conv2d
+    assert not {"edgec_xnn_conv2d", "edgec_xnn_conv2d_add", "edgec_xnn_dense"} & set(linked)
     assert (tmp_path / "int8.edgec").stat().st_size < (tmp_path / "fp32.edgec").stat().st_size
 
     x = rng.standard_normal((2, 3, 16, 16)).astype(np.float32)

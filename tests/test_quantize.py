@@ -280,6 +280,36 @@ def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     assert result["outputs"]["logits"]["top1_agreement"] >= 0.9
 
 
+@pytest.mark.parametrize("mode", ["int8-weight", "int8-static"])
+def test_batch_norm_folded_and_residual_convolutions_are_quantized_too(mode, tmp_path):
+    """Library dispatch folds a batch norm into its convolution's weight and fuses a residual add
+    into it: the quantized program holds the folded weight's int8 form and calls the _add form,
+    so no layer of a BN/ResNet-style CNN is left fp32; the compiled outputs agree with the
+    simulation (which quantizes the unfolded weight: the same per channel, up to rounding)."""
+    from test_library_dispatch import cnn_model
+
+    proto = cnn_model()
+    rng = np.random.default_rng(3)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)})
+               for i in range(8)]
+    model, target, prof, the_plan = _setup(proto, samples[:6])
+    held_out = samples[6:]
+    quant = quantize(model, prof, target, QuantizeSettings(mode, 0.5), held_out)
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    assert {l["precision"] for l in quant.layers} == {mode}
+    linked = artifact.manifest["libraries"][TARGET]["linked_functions"]
+    suffix = "w8" if mode == "int8-weight" else "i8"
+    assert {f"edgec_q8_conv2d_{suffix}", f"edgec_q8_conv2d_add_{suffix}"} <= set(linked)
+    assert not any(f.startswith("edgec_dnnl_conv2d") for f in linked)
+    outputs = _run(artifact, tmp_path, held_out)
+    activations = {l["name"]: schemes.ActivationParams(**l["activation"])
+                   for l in quant.layers if l["activation"]}
+    simulated = simulate.run(simulate.simulated_model(
+        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
+        activations, "asymmetric"), [s.arrays for s in held_out])
+    assert accuracy.compare(simulated, outputs)["outputs"]["y"]["min_cosine"] >= 0.9999
+
+
 def _library_symbols_and_sections(artifact, tmp_path) -> tuple[set[str], set[str]]:
     """The dynamic symbols and the section names of an artifact's library."""
     import subprocess

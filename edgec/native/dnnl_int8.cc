@@ -10,6 +10,11 @@
 //   edgec_q8_conv2d_w8(x, w[O, I, KH, KW] s8, w_scale[O], b[O], sh, sw, pt, pl, pb, pr, dh, dw,
 //                      groups, flags, wid, out)
 //   edgec_q8_conv2d_i8(x, w, w_scale, b, x_scale, x_zero, <ints as conv2d_w8>, out)
+//   edgec_q8_conv2d_add_w8(x, w, w_scale, b, residual, <ints as conv2d_w8>, out)
+//   edgec_q8_conv2d_add_i8(x, w, w_scale, b, x_scale, x_zero, residual, <ints>, out)
+//
+// The `_add` forms add a residual of the output's shape and layout before the relu, as
+// dnnl_shim.cc's conv2d_add (a batch-norm-folded ResNet block's last convolution).
 //
 // `_w8` (weight-only): the weight is dequantized and packed for the fp32 primitive on its first
 // call, once per weight id, so the library stores one byte per weight and every later call
@@ -76,7 +81,7 @@ memory::desc ActivationDesc(const DLTensor* t, dt type, const char* what) {
 
 // A per-thread byte buffer of at least `bytes`.
 void* Scratch(int slot, size_t bytes) {
-  thread_local std::vector<uint8_t> buffers[3];
+  thread_local std::vector<uint8_t> buffers[4];
   std::vector<uint8_t>& buffer = buffers[slot];
   if (buffer.size() < bytes + 64) buffer.resize(bytes + 64);
   uintptr_t p = reinterpret_cast<uintptr_t>(buffer.data());
@@ -402,7 +407,7 @@ struct ConvEntry {
   dnnl::convolution_forward primitive;
   memory::desc user_src, user_dst, user_weights;
   bool reorder_src = false, reorder_dst = false;
-  dnnl::reorder src_in, dst_out;
+  dnnl::reorder src_in, dst_out, residual_in;
   std::vector<float> out_scales;
   WeightSlot weights;
 };
@@ -410,7 +415,8 @@ struct ConvEntry {
 // attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
 std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
                                     const float* w_scale, bool int8, float x_scale,
-                                    int32_t x_zero, const int64_t* a, const DLTensor* dst) {
+                                    int32_t x_zero, const int64_t* a, const DLTensor* dst,
+                                    bool residual) {
   const dt src_t = int8 ? dt::u8 : dt::f32;
   const dt w_t = int8 ? dt::s8 : dt::f32;
   memory::desc user_src = ActivationDesc(src, dt::f32, "conv2d data");
@@ -424,18 +430,22 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     user_weights = memory::desc(wdims, w_t, tag::goihw);
   }
   auto entry = std::make_shared<ConvEntry>();
-  dnnl::primitive_attr attr;
-  dnnl::post_ops ops;
-  if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-  attr.set_post_ops(ops);
   if (int8) {
     // Fixed per layer (calibrated), so they are attributes of the primitive, not run-time args.
     entry->out_scales.resize(w[0]);
     for (int64_t o = 0; o < w[0]; ++o) entry->out_scales[o] = x_scale * w_scale[o];
-    attr.set_output_scales(1 << 1, entry->out_scales);
-    if (x_zero != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zero});
   }
-  auto make = [&](const memory::desc& dst_md) {
+  // Post-ops run after the output scales: dst = relu(scale * (acc + bias) [+ residual]).
+  auto make = [&](const memory::desc& dst_md, bool with_residual) {
+    dnnl::primitive_attr attr;
+    dnnl::post_ops ops;
+    if (with_residual) ops.append_binary(dnnl::algorithm::binary_add, dst_md);
+    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    attr.set_post_ops(ops);
+    if (int8) {
+      attr.set_output_scales(1 << 1, entry->out_scales);
+      if (x_zero != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {x_zero});
+    }
     dnnl::convolution_forward::desc desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
         memory::desc(user_src.dims(), src_t, tag::any), memory::desc(wdims, w_t, tag::any),
@@ -445,10 +455,12 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
   };
   // Writing the caller's layout directly saves a reorder per call, unless only the reference
   // kernel takes it.
-  entry->pd = make(user_dst);
+  entry->pd = make(user_dst, false);
   if (std::string(entry->pd.impl_info_str()).rfind("ref", 0) == 0) {
-    entry->pd = make(memory::desc(user_dst.dims(), dt::f32, tag::any));
+    entry->pd = make(memory::desc(user_dst.dims(), dt::f32, tag::any), false);
   }
+  // The residual (a binary post-op input) takes the layout the primitive chose without it.
+  if (residual) entry->pd = make(entry->pd.dst_desc(), true);
   entry->primitive = dnnl::convolution_forward(entry->pd);
   entry->user_src = user_src;
   entry->user_dst = user_dst;
@@ -465,14 +477,24 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
   } else if (entry->reorder_src) {
     entry->src_in = Reorder(user_src, entry->pd.src_desc());
   }
-  if (entry->reorder_dst) entry->dst_out = Reorder(entry->pd.dst_desc(), user_dst);
+  if (entry->reorder_dst) {
+    entry->dst_out = Reorder(entry->pd.dst_desc(), user_dst);
+    if (residual) entry->residual_in = Reorder(user_dst, entry->pd.dst_desc());
+  }
   return entry;
 }
 
+// `residual`: added before the relu (the _add forms), else null.
 void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, bool int8,
-            double x_scale_in, int64_t x_zero_in, const int64_t* attrs, int64_t weight_id,
-            DLTensor* dst) {
+            double x_scale_in, int64_t x_zero_in, DLTensor* residual, const int64_t* attrs,
+            int64_t weight_id, DLTensor* dst) {
   Check(src, kDLFloat, 32, "conv2d data");
+  if (residual != nullptr) {
+    Check(residual, kDLFloat, 32, "conv2d residual");
+    if (Numel(residual) != Numel(dst) || residual->ndim != dst->ndim) {
+      TVM_FFI_THROW(ValueError) << "edgec int8: conv2d residual must have the output's shape";
+    }
+  }
   Check(weight, kDLInt, 8, "conv2d weight");
   Check(w_scale, kDLFloat, 32, "conv2d weight scale");
   Check(bias, kDLFloat, 32, "conv2d bias");
@@ -488,14 +510,14 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
   int64_t macs = weight->shape[1] * weight->shape[2] * weight->shape[3] * Numel(dst);
   SerialScope serial(macs < kSerialConvMacs);
   std::vector<int64_t> key(attrs, attrs + 10);
-  key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero});
+  key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero, residual != nullptr});
   AppendShape(&key, src);
   AppendShape(&key, weight);
   AppendShape(&key, dst);
   static PrimitiveCache<ConvEntry> cache;
   const float* w_scales = Data<float>(w_scale);
   auto entry = cache.Get(key, [&]() {
-    return MakeConv(src, weight, w_scales, int8, x_scale, x_zero, attrs, dst);
+    return MakeConv(src, weight, w_scales, int8, x_scale, x_zero, attrs, dst, residual != nullptr);
   });
   const auto& pd = entry->pd;
   dnnl::stream& stream = Stream();
@@ -523,10 +545,22 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
     }
     bias_data = scaled_bias.data();
   }
-  entry->primitive.execute(stream, {{DNNL_ARG_SRC, src_p},
-                                    {DNNL_ARG_WEIGHTS, weights},
-                                    {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), bias_data)},
-                                    {DNNL_ARG_DST, dst_p}});
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, src_p},
+      {DNNL_ARG_WEIGHTS, weights},
+      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), bias_data)},
+      {DNNL_ARG_DST, dst_p},
+  };
+  if (residual != nullptr) {
+    memory residual_m(entry->user_dst, Engine(), Data<float>(residual));
+    if (entry->reorder_dst) {
+      memory residual_p(pd.dst_desc(), Engine(), Scratch(3, pd.dst_desc().get_size()));
+      entry->residual_in.execute(stream, residual_m, residual_p);
+      residual_m = residual_p;
+    }
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, residual_m);
+  }
+  entry->primitive.execute(stream, args);
   if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);
   stream.wait();
 }
@@ -536,9 +570,21 @@ void Conv2dW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias
               int64_t groups, int64_t flags, int64_t weight_id, DLTensor* dst) {
   const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
   try {
-    Conv2d(src, weight, w_scale, bias, false, 0.0, 0, attrs, weight_id, dst);
+    Conv2d(src, weight, w_scale, bias, false, 0.0, 0, nullptr, attrs, weight_id, dst);
   } catch (const dnnl::error& e) {
     TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d: " << e.what();
+  }
+}
+
+void Conv2dAddW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias,
+                 DLTensor* residual, int64_t sh, int64_t sw, int64_t pt, int64_t pl, int64_t pb,
+                 int64_t pr, int64_t dh, int64_t dw, int64_t groups, int64_t flags,
+                 int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
+  try {
+    Conv2d(src, weight, w_scale, bias, false, 0.0, 0, residual, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d_add: " << e.what();
   }
 }
 
@@ -548,9 +594,21 @@ void Conv2dI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias
               int64_t weight_id, DLTensor* dst) {
   const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
   try {
-    Conv2d(src, weight, w_scale, bias, true, x_scale, x_zero, attrs, weight_id, dst);
+    Conv2d(src, weight, w_scale, bias, true, x_scale, x_zero, nullptr, attrs, weight_id, dst);
   } catch (const dnnl::error& e) {
     TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d: " << e.what();
+  }
+}
+
+void Conv2dAddI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias,
+                 double x_scale, int64_t x_zero, DLTensor* residual, int64_t sh, int64_t sw,
+                 int64_t pt, int64_t pl, int64_t pb, int64_t pr, int64_t dh, int64_t dw,
+                 int64_t groups, int64_t flags, int64_t weight_id, DLTensor* dst) {
+  const int64_t attrs[] = {sh, sw, pt, pl, pb, pr, dh, dw, groups, flags};
+  try {
+    Conv2d(src, weight, w_scale, bias, true, x_scale, x_zero, residual, attrs, weight_id, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec int8 conv2d_add: " << e.what();
   }
 }
 
@@ -565,4 +623,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_i8, DenseI8);
 #ifdef EDGEC_Q8_CONV
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_w8, Conv2dW8);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_i8, Conv2dI8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_add_w8, Conv2dAddW8);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_add_i8, Conv2dAddI8);
 #endif

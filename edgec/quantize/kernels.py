@@ -39,6 +39,7 @@ _TAKE = tvm.ir.Op.get("relax.take")
 # wrote: oneDNN's int8 functions (dnnl_int8.cc, x86: weight-only and integer), XNNPACK's
 # (xnnpack_shim.cc, Arm: weight-only, in the shim the program links already).
 _QUANTIZED_CALLS = {"edgec_dnnl_dense": "edgec_q8_dense", "edgec_dnnl_conv2d": "edgec_q8_conv2d",
+                    "edgec_dnnl_conv2d_add": "edgec_q8_conv2d_add",
                     "edgec_xnn_dense": "edgec_xnn_q8_dense", "edgec_xnn_conv2d": "edgec_xnn_q8_conv2d",
                     "edgec_xnn_conv2d_add": "edgec_xnn_q8_conv2d_add"}
 
@@ -61,23 +62,51 @@ def int8_addon(compiler: str = "g++", kinds: tuple[str, ...] = ("dense", "conv")
 
 class _Quantized:
     """The int8 form of one layer's weight, made once per layer however many functions use it
-    (shape specializations copy the program): one constant object, so one copy in the library."""
+    (shape specializations copy the program): one constant object, so one copy in the library.
+
+    Library dispatch may have folded a per-output-channel scale into the weight (a batch norm,
+    or a multiply by a constant, after the layer): the call then holds that scaled weight, whose
+    int8 form (per channel) is the layer's up to rounding, and is made from it.
+    """
 
     def __init__(self, layer: Layer, precision: str, array: np.ndarray, scheme: str,
                  activation: dict[str, Any] | None) -> None:
         self.layer, self.precision, self.activation = layer, precision, activation
+        self.array = array
+        self.axis = 1 if layer.kind == "dense" else 0  # of the compiled weight: [K, N] or OIHW
+        # By the id of the fp32 weight a call holds: (int8 weight, scales, int8 weight id).
+        self.forms: dict[int, tuple[relax.Expr, relax.Expr, int]] = {}
         if layer.kind == "embedding":
             q, scale, zero = schemes.quantize_rows(array, scheme)
             self.table = relax.const(q)
             self.scale = relax.const(scale.reshape(-1, 1))
             self.zero = relax.const(zero.astype(np.float32).reshape(-1, 1)) if zero.any() else None
         else:
-            axis = 1 if layer.kind == "dense" else 0  # of the compiled weight: [K, N] or OIHW
-            q, scale = schemes.quantize_weight(array, axis)
-            self.weight = relax.const(q)
-            self.scale = relax.const(scale)
-            self.weight_id = _weight_id(q, scale)
+            self.form(array)
         self.uses = 0
+
+    def form(self, array: np.ndarray) -> tuple[relax.Expr, relax.Expr, int] | None:
+        """The int8 form of ``array``: this layer's weight, or it scaled per output channel;
+        None for any other weight."""
+        key = _weight_id(array)
+        if key not in self.forms:
+            if self.forms and not _scaled_per_channel(self.array, array, self.axis):
+                return None
+            q, scale = schemes.quantize_weight(array, self.axis)
+            self.forms[key] = (relax.const(q), relax.const(scale), _weight_id(q, scale))
+        return self.forms[key]
+
+
+def _scaled_per_channel(weight: np.ndarray, other: np.ndarray, axis: int) -> bool:
+    """Whether ``other`` is ``weight`` times one factor per index of ``axis``."""
+    if other.shape != weight.shape:
+        return False
+    a = np.moveaxis(weight, axis, 0).reshape(weight.shape[axis], -1).astype(np.float64)
+    b = np.moveaxis(other, axis, 0).reshape(other.shape[axis], -1).astype(np.float64)
+    rows = np.arange(len(a))
+    pivot = np.abs(a).argmax(axis=1)
+    factor = np.divide(b[rows, pivot], a[rows, pivot], out=np.zeros(len(a)), where=a[rows, pivot] != 0)
+    return bool(np.allclose(b, a * factor[:, None], rtol=1e-5, atol=1e-6 * (np.abs(b).max() or 1.0)))
 
 
 @relax.expr_functor.mutator
@@ -85,6 +114,10 @@ class _Rewrite(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, by_id: dict[int, _Quantized]) -> None:
         super().__init__(mod)
         self.by_id = by_id
+        self.by_shape: dict[tuple[int, ...], list[_Quantized]] = {}
+        for quantized in by_id.values():
+            if quantized.layer.kind != "embedding":
+                self.by_shape.setdefault(quantized.array.shape, []).append(quantized)
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
@@ -103,16 +136,31 @@ class _Rewrite(relax.PyExprMutator):
             return None
         return self.by_id.get(_weight_id(array))
 
+    def _find_weight(self, expr: relax.Expr) -> tuple[_Quantized, tuple] | None:
+        """The quantized layer whose weight a library call holds (as is, or scaled per output
+        channel by library dispatch), and that weight's int8 form."""
+        array = _constant(expr)
+        if array is None or array.dtype != np.float32:
+            return None
+        found = self.by_id.get(_weight_id(array))
+        candidates = [found] if found is not None else self.by_shape.get(array.shape, [])
+        for quantized in candidates:
+            form = quantized.form(array)
+            if form is not None:
+                return quantized, form
+        return None
+
     def _library_call(self, call: relax.Call, name: str) -> relax.Expr:
         args = list(call.args[1].fields)
-        found = self._find(args[1])
-        if found is None or found.precision == "fp32":
+        match = self._find_weight(args[1])
+        if match is None or match[0].precision == "fp32":
             return call
+        found, (weight, scale, weight_id) = match
         found.uses += 1
         # The fp32 call's (data, weight, bias, [residual,] attributes..., weight id): the int8
         # weight and its scales replace the weight; integer layers add the input's quantization.
         x, bias, rest = args[0], args[2], args[3:-1]
-        wid = relax.prim_value(found.weight_id)
+        wid = relax.prim_value(weight_id)
         quant: list[relax.Expr] = []
         suffix = "w8"
         if found.precision in ("int8-static", "int8-dynamic"):
@@ -123,7 +171,7 @@ class _Rewrite(relax.PyExprMutator):
             act = found.activation or {"scale": 0.0, "zero": 0}  # scale 0: per call (dynamic)
             quant = [relax.prim_value(float(act["scale"]), "float64"),
                      relax.prim_value(int(act["zero"]))]
-        new_args = [x, found.weight, found.scale, bias, *quant, *rest, wid]
+        new_args = [x, weight, scale, bias, *quant, *rest, wid]
         return relax.call_dps_packed(f"{_QUANTIZED_CALLS[name]}_{suffix}", new_args, call.ty_args[0])
 
     def _embedding(self, call: relax.Call) -> relax.Expr:
