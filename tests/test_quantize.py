@@ -537,8 +537,16 @@ def test_report_lines_name_the_fp32_layers_and_the_accuracy():
     assert _quantization_lines(BenchResult({})) == []
 
 
-def test_layers_without_an_int8_form_are_reported_fp32():
-    """A convolution fused with a residual add has no int8 kernel: the manifest says fp32."""
+def test_layers_without_an_int8_form_are_reported_fp32(monkeypatch):
+    """A convolution the library does not run (its dispatch turned off here) has no int8 kernel:
+    the manifest says fp32, and why."""
+    import dataclasses
+
+    from edgec.compiler import codegen
+
+    rules = codegen.dnnl_rules
+    monkeypatch.setattr(codegen, "dnnl_rules",
+                        lambda target: dataclasses.replace(rules(target), conv2d=False))
     rng = np.random.default_rng(2)
     nodes = [
         helper.make_node("Conv", ["image", "c.w", "c.b"], ["c"], name="conv", pads=[1] * 4),
