@@ -208,6 +208,19 @@ def test_rewrite_reaches_specializations_fallback_and_if_branches():
     assert "R.nn.conv2d" not in out.script(show_meta=False)
 
 
+def test_tiny_static_matmuls_stay_tvm_kernels():
+    """At batch 1, seq 1 the MLP's matmuls are 2048 and 1024 multiply-adds: less than a library
+    call costs. The symbolic function still calls the library; a quantized build (every layer a
+    library call) sets the bound to 0."""
+    mod = add_shape_dispatch(import_onnx(from_proto(matmul_model(), "mlp")), [{"batch": 1, "seq": 1}])
+    out, stats = dispatch_with_stats(mod)
+    assert stats.calls == {"edgec_dnnl_dense": 2}  # the generic function's two
+    assert "R.matmul" in out["spec_0"].script(show_meta=False)
+    assert "R.matmul" not in out["generic"].script(show_meta=False)
+    _, every = dispatch_with_stats(mod, DispatchRules(dense_min_macs=0))
+    assert every.calls == {"edgec_dnnl_dense": 4}
+
+
 def _library_calls(mod: tvm.IRModule) -> list[tuple[str, tuple]]:
     """(symbol, output shape) of every library call in ``mod``'s Relax functions."""
     found = []

@@ -11,10 +11,11 @@ vectorizing schedules (``cpu_pipeline``): TVM's own default CPU build neither fu
 
 from __future__ import annotations
 
+
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -118,6 +119,9 @@ class LLVMCodegen:
         mod = fast_math(_fusable(mod))
         addons: list[native.NativeAddon] = []
         rules = library_rules(target)
+        if rules is not None and library_rewrite is not None:
+            # Quantized layers are int8 only as library calls: tiny matmuls go there too.
+            rules = replace(rules, dense_min_macs=0)
         if rules is not None:
             # Fails early, in one line, when the library or the compiler is missing.
             shim = SHIMS[rules.library](target.cross_compiler or "g++")

@@ -76,6 +76,10 @@ class DispatchRules:
     ``dense_min_weight``: a matmul with a constant [K, N] weight goes to oneDNN when K*N is at
     least this. 0: on the 2-core machine of this project even the 64x64 matmuls of a small
     transformer ran 4x faster in oneDNN than in TVM's untuned kernel.
+    ``dense_min_macs``: a matmul whose every dim is static and whose M*K*N is below this stays
+    a TVM kernel: a library call costs about a microsecond however small its work (primitive
+    lookup, memory objects), more than a tiny matmul takes. Measured on scan_rnn, whose Scan
+    body multiplies [1, 16] by [16, 32] and [1, 32] by [32, 32] each step: 122 -> 88 us a call.
     ``block``: activations between library convolutions stay in oneDNN's blocked layout
     NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
     divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,
@@ -91,6 +95,7 @@ class DispatchRules:
     conv2d: bool = True
     dense: bool = True
     dense_min_weight: int = 0
+    dense_min_macs: int = 4096
     block: int = 16
 
     def __post_init__(self) -> None:
@@ -618,6 +623,9 @@ def _dense_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
             or data.ty.ndim < 1 or call.attrs.out_dtype not in (None, "", "float32")):
         return None
     if w.shape[0] * w.shape[1] < rules.dense_min_weight:
+        return None
+    rows = static_shape(data)
+    if rows is not None and int(np.prod(rows)) * w.shape[1] < rules.dense_min_macs:
         return None
     rank = binding.var.ty.ndim
     n = w.shape[1]
