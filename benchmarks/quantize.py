@@ -30,7 +30,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's edgec, also when another is installed
 
-MODELS = ["transformer", "cnn", "squeezenet_rand", "digits"]
+MODELS = ["transformer", "cnn", "squeezenet_rand", "digits", "resnet50_rand"]
 MODES = ["none", "int8-weight", "int8-dynamic", "int8-static"]
 SMALL = ["cnn"]
 

@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO))  # this checkout's edgec, also when another is ins
 
 STATIC = ["resnet50_rand", "squeezenet_rand", "shufflenet_rand", "inception_v1_rand",
           "densenet121_rand"]
-DYNAMIC = ["transformer", "early_exit", "moe", "speech_lstm"]
+DYNAMIC = ["transformer", "early_exit", "moe", "speech_lstm", "scan_rnn", "greedy_decoder",
+           "cnn_batch", "token_tagger", "prompt_encoder", "digits"]
 SMALL = ["cnn", "transformer"]
 # Models whose rows are split by this input dim (one row per value seen in the samples).
 SPLIT_BY = {"transformer": "seq"}
