@@ -134,12 +134,14 @@ class LLVMCodegen:
                 addons.append(shim)
         if library_rewrite is not None:
             mod, extra = library_rewrite(mod, target)
-            # A rewrite that replaced every fp32 library call (every layer int8) leaves the shim
-            # unused: linking it anyway cost the zoo transformer's library 130 KB of code.
-            if addons and not any(name.startswith(rules.symbol(""))
-                                  for name in _extern_symbols(mod)):
-                addons.clear()
             addons += extra
+        if rules is not None and shim in addons:
+            # The shim with only the functions the program calls, after any rewrite (none when
+            # every layer went int8): each export is 8-30 KB of code.
+            addons.remove(shim)
+            called = [name for name in _extern_symbols(mod) if name.startswith(rules.symbol(""))]
+            if called:
+                addons.insert(0, SHIMS[rules.library](target.cross_compiler or "g++", called))
         uses_library = bool(addons)
         # After library dispatch: this legalizes, which would hide convolutions from it.
         mod, kernels = runtime_kernels.redirect(mod)

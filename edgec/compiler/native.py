@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterable
 
 from ..errors import ToolchainError
 
@@ -61,24 +62,34 @@ def cache_dir() -> Path:
     return Path(base) / "edgec" / "native"
 
 
-def dnnl_shim(compiler: str = "g++") -> NativeAddon:
-    """The oneDNN shim (``edgec/native/dnnl_shim.cc``) compiled for the host with ``compiler``.
+def only_exports(functions: Iterable[str] | None) -> tuple[str, ...]:
+    """The defines that compile a shim with only ``functions`` exported (None: every one)."""
+    if functions is None:
+        return ()
+    return ("EDGEC_ONLY_LISTED", *(f"EDGEC_EXPORT_{name}" for name in sorted(set(functions))))
+
+
+def dnnl_shim(compiler: str = "g++", functions: Iterable[str] | None = None) -> NativeAddon:
+    """The oneDNN shim (``edgec/native/dnnl_shim.cc``) compiled for the host with ``compiler``,
+    exporting ``functions`` (default: all; a model library links those its program calls).
 
     Raises ToolchainError, in one line, when the compiler, oneDNN's headers or its library are
     missing. The first call per source version compiles (a few seconds); later calls hit the cache.
     """
     obj = _compile_object(
         NATIVE_DIR / "dnnl_shim.cc", compiler, missing_header_hint=DNNL_INSTALL_HINT,
-        header="dnnl.hpp",
+        header="dnnl.hpp", defines=only_exports(functions),
     )
     _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
     return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ("libdnnl.so.2",))
 
 
-def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
+def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++",
+                 functions: Iterable[str] | None = None) -> NativeAddon:
     """The XNNPACK shim (``edgec/native/xnnpack_shim.cc``) compiled with ``compiler`` (the
     target's cross compiler), linking the ``libXNNPACK`` and ``libpthreadpool`` it finds (Debian's
-    arm64 packages, in /usr/lib/aarch64-linux-gnu on the cross compiler's search path).
+    arm64 packages, in /usr/lib/aarch64-linux-gnu on the cross compiler's search path), exporting
+    ``functions`` (default: all, the weight-only int8 ones included).
 
     Raises ToolchainError, in one line naming the Debian package and how to install it, when
     XNNPACK's or pthreadpool's header or library is missing.
@@ -87,7 +98,8 @@ def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++") -> NativeAddon:
              for name, package in XNNPACK_PACKAGES.items()}
     obj = _compile_object(NATIVE_DIR / "xnnpack_shim.cc", compiler,
                           missing_header_hint=hints["xnnpack.h"], header="xnnpack.h",
-                          other_headers={"pthreadpool.h": hints["pthreadpool.h"]})
+                          other_headers={"pthreadpool.h": hints["pthreadpool.h"]},
+                          defines=only_exports(functions))
     for library in ("XNNPACK", "pthreadpool"):
         _check_library(compiler, library, hints[library])
     return NativeAddon("xnnpack", (str(obj),), ("-lXNNPACK", "-lpthreadpool"),

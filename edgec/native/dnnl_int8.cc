@@ -1,7 +1,7 @@
 // oneDNN kernels for quantized layers of edgec model libraries (edgec/quantize/kernels.py writes
 // the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x). Compiled
-// once per part, -DEDGEC_Q8_DENSE and -DEDGEC_Q8_CONV, so that a library links only the part
-// its program calls (each part's exported wrappers alone are 10-40 KB of code).
+// once per part, -DEDGEC_Q8_DENSE and -DEDGEC_Q8_CONV, with only the exports the program calls
+// (-DEDGEC_ONLY_LISTED, shim_common.h): each exported wrapper alone is 10-40 KB of code.
 //
 // Weights arrive as int8 with one float scale per output channel (symmetric, zero point 0):
 //
@@ -617,12 +617,24 @@ void Conv2dAddI8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* b
 }  // namespace
 
 #ifdef EDGEC_Q8_DENSE
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_dense_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_w8, DenseW8);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_dense_i8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_dense_i8, DenseI8);
 #endif
+#endif
 #ifdef EDGEC_Q8_CONV
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_conv2d_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_w8, Conv2dW8);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_conv2d_i8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_i8, Conv2dI8);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_conv2d_add_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_add_w8, Conv2dAddW8);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_q8_conv2d_add_i8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_q8_conv2d_add_i8, Conv2dAddI8);
+#endif
 #endif

@@ -359,6 +359,12 @@ void DenseExport(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags,
 
 }  // namespace
 
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_conv2d, Conv2dExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d_add)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_conv2d_add, Conv2dAddExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_dense)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_dense, DenseExport);
+#endif

@@ -3,6 +3,10 @@
 // packed weights) keyed by shapes, attributes and weight ids, and tensor helpers. C++, DLPack and
 // tvm_ffi's errors only. Its definitions are in an anonymous namespace, so each shim keeps its own
 // caches.
+//
+// Each exported wrapper is 8-30 KB of code (its typed argument unpacking), so a shim compiled with
+// -DEDGEC_ONLY_LISTED defines only the exports named -DEDGEC_EXPORT_<symbol>: a library links
+// the functions its program calls (edgec/compiler/native.py), not every one.
 #pragma once
 
 #include <dlpack/dlpack.h>

@@ -373,9 +373,21 @@ void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* 
 
 }  // namespace
 
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_conv2d)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_conv2d, Conv2dExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_conv2d_add)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_conv2d_add, Conv2dAddExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_dense)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_dense, Dense);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_q8_conv2d_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_conv2d_w8, Conv2dW8Export);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_q8_conv2d_add_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_conv2d_add_w8, Conv2dAddW8Export);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_xnn_q8_dense_w8)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_xnn_q8_dense_w8, DenseW8);
+#endif

@@ -36,26 +36,29 @@ from .layers import Layer, find_layers, initializer_arrays
 _CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 _TAKE = tvm.ir.Op.get("relax.take")
 # The library calls a quantized layer's call replaces, by the fp32 function library dispatch
-# wrote: oneDNN's int8 functions (dnnl_int8.cc, x86: weight-only and integer), XNNPACK's
-# (xnnpack_shim.cc, Arm: weight-only, in the shim the program links already).
+# wrote, with the int8 function's name less its _w8/_i8 suffix: oneDNN's (dnnl_int8.cc, x86:
+# weight-only and integer), XNNPACK's (in its shim, Arm: weight-only).
 _QUANTIZED_CALLS = {"edgec_dnnl_dense": "edgec_q8_dense", "edgec_dnnl_conv2d": "edgec_q8_conv2d",
                     "edgec_dnnl_conv2d_add": "edgec_q8_conv2d_add",
                     "edgec_xnn_dense": "edgec_xnn_q8_dense", "edgec_xnn_conv2d": "edgec_xnn_q8_conv2d",
                     "edgec_xnn_conv2d_add": "edgec_xnn_q8_conv2d_add"}
 
 
-
-def int8_addon(compiler: str = "g++", kinds: tuple[str, ...] = ("dense", "conv")) -> native.NativeAddon:
-    """The parts of ``edgec/native/dnnl_int8.cc`` for the layer ``kinds`` a program calls
-    (``dense``, ``conv``), each compiled like the fp32 shim (cached by content hash) into its
-    own object, so a library links only what it calls.
+def int8_addon(compiler: str = "g++", functions: tuple[str, ...] | None = None) -> native.NativeAddon:
+    """The parts of ``edgec/native/dnnl_int8.cc`` (dense, conv) that define ``functions`` (the
+    ``edgec_q8_*`` a program calls; None: all), each compiled like the fp32 shim (cached by
+    content hash) into its own object with only those exports, so a library links what it
+    calls.
 
     Like the fp32 shim, it needs ``libdnnl.so.2`` at run time (a library whose every layer is
     int8 no longer links the fp32 shim).
     """
+    parts = [part for part in ("dense", "conv")
+             if functions is None or any(f.startswith(f"edgec_q8_{part}") for f in functions)]
     objects = tuple(str(native._compile_object(
         native.NATIVE_DIR / "dnnl_int8.cc", compiler, missing_header_hint=native.DNNL_INSTALL_HINT,
-        header="dnnl.hpp", defines=(f"EDGEC_Q8_{kind.upper()}",))) for kind in sorted(set(kinds)))
+        header="dnnl.hpp",
+        defines=(f"EDGEC_Q8_{part.upper()}", *native.only_exports(functions)))) for part in parts)
     native._check_library(compiler, "dnnl", native.DNNL_INSTALL_HINT)
     return native.NativeAddon("dnnl_int8", objects, ("-ldnnl",), ("libdnnl.so.2",))
 
@@ -114,6 +117,7 @@ class _Rewrite(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, by_id: dict[int, _Quantized]) -> None:
         super().__init__(mod)
         self.by_id = by_id
+        self.functions: set[str] = set()  # the int8 functions the program now calls
         self.by_shape: dict[tuple[int, ...], list[_Quantized]] = {}
         for quantized in by_id.values():
             if quantized.layer.kind != "embedding":
@@ -172,7 +176,9 @@ class _Rewrite(relax.PyExprMutator):
             quant = [relax.prim_value(float(act["scale"]), "float64"),
                      relax.prim_value(int(act["zero"]))]
         new_args = [x, weight, scale, bias, *quant, *rest, wid]
-        return relax.call_dps_packed(f"{_QUANTIZED_CALLS[name]}_{suffix}", new_args, call.ty_args[0])
+        function = f"{_QUANTIZED_CALLS[name]}_{suffix}"
+        self.functions.add(function)
+        return relax.call_dps_packed(function, new_args, call.ty_args[0])
 
     def _embedding(self, call: relax.Call) -> relax.Expr:
         found = self._find(call.args[0])
@@ -209,12 +215,11 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
                 layer, decision["precision"], compiled, scheme, decision.get("activation"))
         mutator = _Rewrite(mod, by_id)
         mod = rewrite_functions(mutator, mod)
-        # XNNPACK's weight-only functions are in its shim, which the program links already.
-        kinds = () if target.libraries.get("xnnpack") else tuple(sorted(
-            {q.layer.kind for q in by_id.values() if q.uses and q.layer.kind != "embedding"}))
         if found is not None:
             for quantized in by_id.values():
                 found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
-        return mod, [int8_addon(target.cross_compiler or "g++", kinds)] if kinds else []
+        # XNNPACK's weight-only functions are in its shim, which the codegen links with them.
+        onednn = tuple(sorted(f for f in mutator.functions if f.startswith("edgec_q8_")))
+        return mod, [int8_addon(target.cross_compiler or "g++", onednn)] if onednn else []
 
     return rewrite
