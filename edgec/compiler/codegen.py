@@ -120,7 +120,8 @@ class LLVMCodegen:
         addons: list[native.NativeAddon] = []
         rules = library_rules(target)
         if rules is not None and library_rewrite is not None:
-            # Quantized layers are int8 only as library calls: tiny matmuls go there too.
+            # Quantized layers are int8 only as library calls, and a layer must be int8 in every
+            # function the plan made (a specialization's static shapes may make a matmul tiny).
             rules = replace(rules, dense_min_macs=0)
         if rules is not None:
             # Fails early, in one line, when the library or the compiler is missing.

@@ -80,6 +80,7 @@ class DispatchRules:
     a TVM kernel: a library call costs about a microsecond however small its work (primitive
     lookup, memory objects), more than a tiny matmul takes. Measured on scan_rnn, whose Scan
     body multiplies [1, 16] by [16, 32] and [1, 32] by [32, 32] each step: 122 -> 88 us a call.
+    Quantized builds set it to 0 (codegen): their int8 layers exist only as library calls.
     ``block``: activations between library convolutions stay in oneDNN's blocked layout
     NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
     divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,

@@ -117,11 +117,11 @@ class Quantization:
 
     def mark_not_compiled(self, rewritten: dict[str, int]) -> None:
         """Record as fp32 the quantized layers the build found no int8 form for (``rewritten``:
-        calls rewritten per layer), e.g. a convolution fused with a residual add."""
+        calls rewritten per layer), e.g. a convolution the library does not run."""
         for layer in self.layers:
             if layer["precision"] != "fp32" and not rewritten.get(layer["name"]):
                 layer["reason"] = (f"fp32: planned {layer['precision']}, but the compiled program "
-                                   f"has no int8 form of it (fused with a residual add, say)")
+                                   f"has no int8 form of it (a layer the library does not run)")
                 layer["precision"] = "fp32"
                 layer["activation"] = None
 
