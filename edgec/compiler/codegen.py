@@ -11,7 +11,6 @@ vectorizing schedules (``cpu_pipeline``): TVM's own default CPU build neither fu
 
 from __future__ import annotations
 
-
 import re
 import shutil
 import tempfile

@@ -166,9 +166,12 @@ def nonnegative_least_squares(a: np.ndarray, b: np.ndarray, iterations: int = 10
             if (z[active] > 0).all():
                 x = z
                 break
-            # Step back to where the first coefficient reaches zero and drop it.
+            # Step back to where the first coefficient reaches zero and drop it (one just freed,
+            # still at zero, leaves at once: a step of 0).
             leaving = active & (z <= 0)
-            x = x + np.min(x[leaving] / (x[leaving] - z[leaving])) * (z - x)
+            gap = x[leaving] - z[leaving]
+            step = np.min(np.divide(x[leaving], gap, out=np.zeros_like(gap), where=gap > 0))
+            x = x + step * (z - x)
             active &= x > 1e-15
     return x
 
@@ -198,8 +201,7 @@ class Roofline:
 
         work = [np.ones(len(x)), 10 ** col["log_nodes"], amount("log_kernels") + 1,
                 amount("log_library_flops"), amount("log_tvm_flops"), amount("log_recurrent_flops"),
-                amount("log_bytes"),
-                amount("log_trips"), amount("log_sub_nodes") * amount("log_trips")]
+                amount("log_bytes"), amount("log_trips"), amount("log_sub_nodes") * amount("log_trips")]
         static = col["static"]
         return np.stack([w * (1 - static) for w in work] + [w * static for w in work] +
                         [col["dispatch"], col["padded"], col["padded"] * amount("log_pad_bytes")], axis=1)
