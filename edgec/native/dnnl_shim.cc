@@ -254,13 +254,11 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
       {DNNL_ARG_DST, dst_p},
   };
   if (residual != nullptr) {
-    memory residual_m(entry->user_dst, Engine(), FloatData(residual));
-    if (entry->reorder_dst) {
-      memory residual_p(pd.dst_desc(), Engine(), Scratch(2, pd.dst_desc().get_size()));
-      entry->residual_in.execute(stream, residual_m, residual_p);
-      residual_m = residual_p;
-    }
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, residual_m);
+    const bool reorder = entry->reorder_dst;
+    void* scratch = reorder ? Scratch(2, pd.dst_desc().get_size()) : nullptr;
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 ResidualInput(entry->user_dst, FloatData(residual),
+                               reorder ? &entry->residual_in : nullptr, pd.dst_desc(), scratch));
   }
   entry->primitive.execute(stream, args);
   if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);

@@ -79,10 +79,9 @@ def _calibration_models() -> list[ZooModel]:
         ("calib_conv", "three 3x3 convolutions and a max pool over a dynamic batch of 24x24 images",
          c.make_conv, c.image_samples),
     ]
-    return [ZooModel(name, "dynamic", f"cost-model calibration: {text}", make,
-                     lambda count, seed, sample=sample: sample(seed=seed, count=count), 24,
+    return [ZooModel(name, "dynamic", f"cost-model calibration: {text}", make, samples, 24,
                      ("calibration", "dynamic-shape"))
-            for name, text, make, sample in entries]
+            for name, text, make, samples in entries]
 
 
 def calibration_names() -> list[str]:

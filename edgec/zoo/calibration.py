@@ -23,8 +23,8 @@ from .builders import FLOAT, GraphBuilder, he_normal, linear, make_model, small_
 Samples = list[dict[str, np.ndarray]]
 
 
-def row_samples(seed: int, count: int, width: int, median: float, low: int, high: int,
-          lead: tuple[int, ...] = ()) -> Samples:
+def row_samples(count: int, seed: int, width: int, median: float, low: int, high: int,
+                lead: tuple[int, ...] = ()) -> Samples:
     """``count`` float32 inputs ``x`` of [n, *lead, width], n lognormal in [low, high]."""
     rng = np.random.default_rng(seed)
     return [{"x": rng.standard_normal((int(n), *lead, width)).astype(np.float32)}
