@@ -35,6 +35,22 @@ def test_bad_inputs_are_refused_before_running(mlp_artifact, inputs, message):
         runtime.load(mlp_artifact).run(inputs)
 
 
+@pytest.mark.parametrize("shape, message", [((1, 16), "expect Tensor with ndim 3"),
+                                            ((1, 2, 3), "shape\\[2\\] mismatch")])
+def test_vm_still_checks_inputs_without_kernel_argument_checks(mlp_artifact, shape, message):
+    """Kernels are built without TIR's argument asserts (codegen.without_kernel_asserts): the
+    library holds none of their messages, and a tensor that bypasses edgec's own input checks
+    is still refused by the VM's checks at ``main``, not read out of bounds."""
+    from edgec.runtime.artifact import Artifact
+
+    library = Artifact.load(mlp_artifact).library("x86_64")
+    assert b".ndim on argument #" not in library
+    model = runtime.load(mlp_artifact)
+    bad = model._host_tensor(np.zeros(shape, np.float32))  # pylint: disable=protected-access
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        model.raw_call([bad])
+
+
 def test_unknown_target_library(mlp_artifact):
     with pytest.raises(ArtifactError, match="no library for target 'jetson'"):
         runtime.load(mlp_artifact, target="jetson")
