@@ -162,7 +162,7 @@ class LLVMCodegen:
         # After library dispatch: this legalizes, which would hide convolutions from it.
         mod, kernels = runtime_kernels.redirect(mod)
         if kernels:
-            addons.append(native.runtime_kernels(target.cross_compiler or "g++"))
+            addons.append(native.runtime_kernels(target.cross_compiler or "g++", kernels))
         # oneDNN's OpenMP threads own the cores between its calls: TVM kernels that also
         # ran on TVM's thread pool made whole models slower (measured), so they stay serial.
         # XNNPACK's pthreadpool is kept alike (not measured on an Arm board).

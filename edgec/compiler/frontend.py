@@ -15,7 +15,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 from ..errors import ModelError, describe
 from ..model import Model, all_nodes
 from .converters import CONVERTERS
-from .converters.control_flow import LAZY_IF
+from .converters.control_flow import LAZY_IF, NATIVE_ROWS
 from .expand import expand_functions, value_types
 from .fold import fix_inputs, fold_constants
 from .recurrent import rewrite_recurrent
@@ -29,12 +29,14 @@ def convert_map() -> dict[str, type]:
 
 
 @contextlib.contextmanager
-def _edgec_converters() -> Iterator[None]:
+def _edgec_converters(native_loops: bool) -> Iterator[None]:
     # The importer looks its converters up through this module-level function on every node.
     onnx_frontend._get_convert_map = convert_map
+    native = NATIVE_ROWS.set(native_loops)
     try:
         yield
     finally:
+        NATIVE_ROWS.reset(native)
         onnx_frontend._get_convert_map = _tvm_convert_map
 
 
@@ -46,8 +48,8 @@ def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None,
     ONNX dim). Inputs named in ``constants`` are compiled as those values (``main`` still takes
     them; the runtime checks they match). What is known at compile time is folded first
     (``fold.py``). ``native_loops``: recurrent layers may run as edgec's native CPU loop
-    (``recurrent.py``); False for modules that will run on a GPU. Raises ModelError naming the
-    unsupported operators.
+    (``recurrent.py``) and Loop/Scan outputs be appended in place (``control_flow.py``); False for
+    modules that will run on a GPU. Raises ModelError naming the unsupported operators.
     """
     known = set(convert_map()) | {"If", "Constant"}
     proto = fix_inputs(model.proto, dict(constants or {}))
@@ -60,7 +62,7 @@ def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None,
             f"{', '.join(sorted(unsupported))}"
         )
     try:
-        with warnings.catch_warnings(), _edgec_converters():
+        with warnings.catch_warnings(), _edgec_converters(native_loops):
             warnings.simplefilter("ignore")
             mod = onnx_frontend.from_onnx(_with_lazy_ifs(proto), keep_params_in_input=False)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle

@@ -106,13 +106,16 @@ def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++",
                        ("libXNNPACK.so.0", "libpthreadpool.so.0"))
 
 
-def runtime_kernels(compiler: str = "g++") -> NativeAddon:
+def runtime_kernels(compiler: str = "g++", functions: Iterable[str] | None = None) -> NativeAddon:
     """edgec's own CPU kernels (``edgec/native/runtime_kernels.cc``): NonZero and Unique, which
-    TVM only provides from Python, and the time loop of LSTM/GRU/RNN layers. Needs tvm_ffi, and
-    at run time GCC's OpenMP library, over whose threads the time loop shares out its steps."""
+    TVM only provides from Python, the time loop of LSTM/GRU/RNN layers, and the stacked outputs
+    of Loop and Scan; exporting ``functions`` (default: all). Needs tvm_ffi, and, with the time
+    loop, GCC's OpenMP library at run time, over whose threads it shares out its steps."""
     obj = _compile_object(NATIVE_DIR / "runtime_kernels.cc", compiler,
                           missing_header_hint="reinstall apache-tvm-ffi", header="tvm/ffi/function.h",
-                          flags=("-fopenmp",))
+                          flags=("-fopenmp",), defines=only_exports(functions))
+    if functions is not None and "edgec_recurrent" not in functions:
+        return NativeAddon("runtime_kernels", (str(obj),), (), ())
     return NativeAddon("runtime_kernels", (str(obj),), ("-fopenmp",), ("libgomp.so.1",))
 
 

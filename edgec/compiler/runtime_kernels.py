@@ -18,8 +18,9 @@ from tvm import relax
 from ..errors import CompileError
 
 REPLACEMENTS = {"relax.run.nonzero": "edgec_nonzero", "relax.run.unique": "edgec_unique"}
-# Kernels edgec's converters call directly (the recurrent layers' loop, compiler/recurrent.py).
-NATIVE_KERNELS = {"edgec_recurrent"}
+# Kernels edgec's converters call directly: the recurrent layers' loop (compiler/recurrent.py),
+# the stacked outputs of Loop and Scan (converters/control_flow.py).
+NATIVE_KERNELS = {"edgec_recurrent", "edgec_rows_append", "edgec_rows_take"}
 _PYTHON_ONLY_PREFIX = "relax.run."
 _UNIQUE_ARGS = 5  # x, sorted, return_index, return_inverse, return_counts; an axis makes six
 

@@ -1,5 +1,5 @@
-// Kernels for Relax ops whose results have data-dependent shapes, and the time loop of
-// recurrent layers (edgec_recurrent, at the end).
+// Kernels for Relax ops whose results have data-dependent shapes, the time loop of recurrent
+// layers (edgec_recurrent), and the stacked outputs of Loop and Scan (edgec_rows_*, at the end).
 //
 // TVM 0.27 lowers `relax.nonzero` and `relax.unique` to calls of "relax.run.nonzero" and
 // "relax.run.unique", functions registered by TVM's *Python* package: a runtime-only install or a
@@ -497,8 +497,95 @@ void Recurrent(ffi::Tensor x, ffi::Tensor r_t, ffi::Tensor h0, ffi::Tensor c0, f
   if (steps % 2 == 1) std::memcpy(h, other.data(), sizeof(float) * batch * hidden);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Loop and Scan outputs (compiler/converters/control_flow.py): each iteration's row goes into a
+// buffer with room for more, where growing the output by concat copied all earlier rows on every
+// iteration. The loop threads the buffer through its iterations and never reads a buffer it has
+// passed on, so a buffer with room is written in place.
+
+// A view of the first `rows` rows of `base`, sharing its memory (and keeping it alive).
+struct RowsView {
+  ffi::Tensor base;
+  void AllocData(DLTensor* tensor) {
+    const DLTensor* b = base.GetDLTensorPtr();
+    tensor->data = b->data;
+    tensor->byte_offset = b->byte_offset;
+  }
+  void FreeData(DLTensor*) {}
+};
+
+int64_t ScalarIndex(const ffi::Tensor& t, const char* what) {
+  const DLTensor* d = t.GetDLTensorPtr();
+  if (d->device.device_type != kDLCPU || d->dtype.code != kDLInt || d->dtype.bits != 64 ||
+      NumElements(d) != 1) {
+    TVM_FFI_THROW(ValueError) << "edgec_rows: " << what << " is not one int64 on the CPU";
+  }
+  return *Elements<const int64_t>(t);
+}
+
+// `rows` with `row` as row `index`: `rows` itself, written in place, when it has that row and
+// rows of `row`'s shape; else a new buffer holding `rows`' rows, of `capacity` rows when that is
+// more than `index` (a Scan knows its trip count), else of twice as many (at least 16).
+ffi::Tensor RowsAppend(ffi::Tensor rows, ffi::Tensor row, ffi::Tensor index, ffi::Tensor rows_hint) {
+  CheckCPUContiguous(rows, "edgec_rows_append");
+  CheckCPUContiguous(row, "edgec_rows_append");
+  const DLTensor* r = rows.GetDLTensorPtr();
+  const DLTensor* v = row.GetDLTensorPtr();
+  int64_t at = ScalarIndex(index, "the row index");
+  int64_t capacity = ScalarIndex(rows_hint, "the row capacity");
+  bool same_type = r->dtype.code == v->dtype.code && r->dtype.bits == v->dtype.bits &&
+                   r->dtype.lanes == v->dtype.lanes;
+  if (!same_type || r->ndim != v->ndim + 1 || at < 0) {
+    TVM_FFI_THROW(ValueError) << "edgec_rows_append: row " << at << " does not fit the output";
+  }
+  bool same_rows = std::equal(v->shape, v->shape + v->ndim, r->shape + 1);
+  if (!same_rows && r->shape[0] > 0) {
+    TVM_FFI_THROW(ValueError) << "edgec_rows_append: a loop output's row changed shape between "
+                              << "iterations";
+  }
+  size_t bytes = static_cast<size_t>(NumElements(v)) * ((v->dtype.bits * v->dtype.lanes + 7) / 8);
+  if (at < r->shape[0]) {
+    std::memcpy(Elements<char>(rows) + at * bytes, Elements<const char>(row), bytes);
+    return rows;
+  }
+  int64_t count = capacity > at ? capacity : std::max<int64_t>({at + 1, 2 * r->shape[0], 16});
+  std::vector<int64_t> shape{count};
+  shape.insert(shape.end(), v->shape, v->shape + v->ndim);
+  ffi::Tensor grown = Empty(shape, v->dtype);
+  if (r->shape[0] > 0) std::memcpy(Elements<char>(grown), Elements<const char>(rows), r->shape[0] * bytes);
+  std::memcpy(Elements<char>(grown) + at * bytes, Elements<const char>(row), bytes);
+  return grown;
+}
+
+// The first `count` rows of `rows`, without a copy: the loop's stacked output.
+ffi::Tensor RowsTake(ffi::Tensor rows, ffi::Tensor count) {
+  const DLTensor* r = rows.GetDLTensorPtr();
+  int64_t n = ScalarIndex(count, "the row count");
+  if (n == r->shape[0]) return rows;
+  if (n < 0 || n > r->shape[0]) {
+    TVM_FFI_THROW(ValueError) << "edgec_rows_take: " << n << " rows of " << r->shape[0];
+  }
+  std::vector<int64_t> shape(r->shape, r->shape + r->ndim);
+  shape[0] = n;
+  return ffi::Tensor::FromNDAlloc(RowsView{rows}, ffi::Shape(shape), r->dtype, r->device);
+}
+
 }  // namespace
 
+// -DEDGEC_ONLY_LISTED: only the exports named -DEDGEC_EXPORT_<symbol> (a library links the
+// kernels its program calls; see shim_common.h), the others' code is then left out.
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_rows_append)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_rows_append, RowsAppend);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_rows_take)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_rows_take, RowsTake);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_nonzero)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_nonzero, NonZero);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_unique)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_unique, Unique);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_recurrent)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_recurrent, Recurrent);
+#endif

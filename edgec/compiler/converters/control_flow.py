@@ -19,13 +19,16 @@ slice ``i`` (or ``trips - 1 - i``) of every scan input, and outputs stacked forw
 along axis 0, then moved to their output axis. Scan-8 (batched) runs that loop per batch row.
 
 Carried values may change shape between iterations (subgraph types are re-derived until they
-are stable, see ``_converge``). Scan outputs are grown by concatenation (quadratic copying in the
-trip count; fine for the short loops of decoders). With no iteration, a scan output has the row
-shape onnxruntime gives it (see ``Body.empty_rows``).
+are stable, see ``_converge``). Scan outputs (a Loop's too) go into a buffer with room for more
+rows, written in place (edgec's CPU kernels ``edgec_rows_append`` and ``edgec_rows_take``, in
+modules that run on the CPU: ``NATIVE_ROWS``); elsewhere they are grown by concatenation as above
+(quadratic copying in the trip count). With no iteration, a scan output has the row shape
+onnxruntime gives it (see ``Body.empty_rows``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Callable
 
@@ -41,6 +44,9 @@ from .subgraph import (BOOL_SCALAR, INT64_SCALAR, Body, FreeValues, Patterns, Se
 
 _CHUNKS = (64, 4096)
 _INT64_MAX = 2**63 - 1
+# Whether the module being imported runs on the CPU, where scan outputs are appended by edgec's
+# native kernels (the frontend sets it; modules for a GPU concatenate).
+NATIVE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("edgec_native_rows", default=False)
 
 
 class Loop:
@@ -88,7 +94,8 @@ LAZY_IF = "EdgecLazyIf"
 
 
 def _session(opset: int, params: list) -> Session:
-    return Session(opset, params[1], {"Loop": lower_loop, "Scan": lower_scan})
+    return Session(opset, params[1], {"Loop": lower_loop, "Scan": lower_scan},
+                   native_rows=NATIVE_ROWS.get())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,6 +164,22 @@ def _build_level(bb: relax.BlockBuilder, session: Session, spec: _LoopSpec, leve
     commit_module(bb, module, skip=name)
     bb.update_func(gv, func)
     return gv
+
+
+def _append_native(bb: relax.BlockBuilder, acc: relax.Expr, value: relax.Expr, index: relax.Expr,
+                   capacity: relax.Expr) -> relax.Expr:
+    """``acc`` with ``value`` as its row ``index``, written in place while ``acc`` has room
+    (``edgec_rows_append``; ``capacity``: the rows a new buffer gets, 0 to double them). The rows
+    past the last iteration's are cut off after the loop (``_used_rows``)."""
+    return bb.emit(relax.op.call_pure_packed("edgec_rows_append", acc, shaped(bb, value, "r"),
+                                             index, capacity, ty_args=[acc.ty]))
+
+
+def _used_rows(bb: relax.BlockBuilder, rows: relax.Expr, count: relax.Expr) -> relax.Expr:
+    """The first ``count`` rows of a buffer ``_append_native`` filled (a view, no copy)."""
+    return bb.emit(relax.op.call_pure_packed("edgec_rows_take", rows, count,
+                                             ty_args=[relax.TensorType(ndim=rows.ty.ndim,
+                                                                       dtype=dtype_of(rows.ty))]))
 
 
 def _append(bb: relax.BlockBuilder, acc: relax.Expr, value: relax.Expr, prepend: bool,
@@ -358,7 +381,8 @@ def lower_loop(bb: relax.BlockBuilder, inputs: list, attrs: dict, session: Sessi
 
     elems = [body.empty_rows(k) for k in range(1 + n_carried, len(graph.output))]
     dtypes = [dtype_of(ty) for ty in body.out_types[1 + n_carried:]]
-    unknown_rows = [not all(exact) for _, exact in elems]
+    native = session.native_rows
+    unknown_rows = [not all(exact) and not native for _, exact in elems]
 
     def step(fbb: relax.BlockBuilder, state: list[relax.Var], invariants: list[relax.Var]):
         i, cond, values = state[0], state[1], state[2:2 + n_carried]
@@ -371,7 +395,10 @@ def lower_loop(bb: relax.BlockBuilder, inputs: list, attrs: dict, session: Sessi
             first = fbb.emit(relax.op.equal(i, relax.const(0, "int64")))
         for j, acc in enumerate(state[2 + n_carried:]):
             row = fbb.emit(relax.TupleGetItem(out, 1 + n_carried + j))
-            new.append(_append(fbb, acc, row, False, first if unknown_rows[j] else None))
+            if native:  # the trip count is not known before the loop: buffers double
+                new.append(_append_native(fbb, acc, row, i, relax.const(0, "int64")))
+            else:
+                new.append(_append(fbb, acc, row, False, first if unknown_rows[j] else None))
         return new
 
     spec = _LoopSpec(
@@ -390,6 +417,8 @@ def lower_loop(bb: relax.BlockBuilder, inputs: list, attrs: dict, session: Sessi
     trips = tirx.Var("trips", "int64")
     for j, (elem, dtype) in enumerate(zip(elems, dtypes)):
         value = bb.emit(relax.TupleGetItem(result, 2 + n_carried + j))
+        if native:
+            value = _used_rows(bb, value, bb.emit(relax.TupleGetItem(result, 0)))
         outputs.append(_stacked(bb, value, trips, elem, dtype))
     return outputs[0] if len(outputs) == 1 else relax.Tuple(outputs)
 
@@ -417,6 +446,7 @@ class _ScanPlan:
     free: FreeValues
     in_axes: list[int]
     row_outer: list[list[tirx.PrimExpr | None]]
+    native: bool  # outputs appended by edgec's native kernels (``_append_native``)
 
     @classmethod
     def build(cls, bb: relax.BlockBuilder, session: Session, nodes: dict, attrs: dict,
@@ -449,13 +479,14 @@ class _ScanPlan:
                       for d in dims_of(body.out_types[k])]
                      for k in range(n_state, len(graph.output))]
         dtypes = [dtype_of(ty) for ty in body.out_types[n_state:]]
-        unknown_rows = [not all(exact) for _, exact in elems]
+        native = session.native_rows
+        unknown_rows = [not all(exact) and not native for _, exact in elems]
 
         def step(fbb: relax.BlockBuilder, state: list[relax.Var], invariants: list[relax.Var]):
             i, trips = state[0], invariants[0]
             x_values, free_values = invariants[1:1 + n_in], invariants[1 + n_in:]
             back = None
-            if any(in_reverse):
+            if any(in_reverse) or (native and any(out_reverse)):
                 last = fbb.emit(relax.op.subtract(trips, relax.const(1, "int64")))
                 back = fbb.emit(relax.op.subtract(last, i))
             # "clip": a scan input shorter than the first (an invalid model) reads its last
@@ -470,8 +501,11 @@ class _ScanPlan:
                 first = fbb.emit(relax.op.equal(i, relax.const(0, "int64")))
             for j, acc in enumerate(state[1 + n_state:]):
                 row = fbb.emit(relax.TupleGetItem(out, n_state + j))
-                new.append(_append(fbb, acc, row, out_reverse[j],
-                                   first if unknown_rows[j] else None))
+                if native:  # rows at their final places, in one buffer of `trips` rows
+                    new.append(_append_native(fbb, acc, row, back if out_reverse[j] else i, trips))
+                else:
+                    new.append(_append(fbb, acc, row, out_reverse[j],
+                                       first if unknown_rows[j] else None))
             return new
 
         spec = _LoopSpec(
@@ -482,7 +516,8 @@ class _ScanPlan:
             loose=[False] + [c is not i for c, i in zip(carried, initial)] + [True] * n_out,
             invariants=[INT64_SCALAR] + x_types + free.types, has_cond=False, step=step)
         top = _build_loop(bb, session, spec)
-        return cls(top, patterns, initial, carried, elems, dtypes, free, in_axes, row_outer)
+        return cls(top, patterns, initial, carried, elems, dtypes, free, in_axes, row_outer,
+                   native)
 
     def emit(self, bb: relax.BlockBuilder, states: list[relax.Expr], xs: list[relax.Expr]
              ) -> tuple[list[relax.Expr], list[relax.Expr]]:
@@ -498,6 +533,8 @@ class _ScanPlan:
         outs = []
         for j, (elem, dtype) in enumerate(zip(self.elems, self.dtypes)):
             value = bb.emit(relax.TupleGetItem(result, 1 + len(states) + j))
+            if self.native:
+                value = _used_rows(bb, value, trips_tensor)
             outs.append(_stacked(bb, value, trips, elem, dtype, self.row_outer[j]))
         return finals, outs
 

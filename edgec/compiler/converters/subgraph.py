@@ -48,12 +48,15 @@ class Session:
     ``lowerings`` maps op types converted by edgec inside bodies (Loop, Scan) to functions
     ``(bb, inputs, attrs, session, nodes) -> relax.Expr``. ``names`` are the function names taken
     so far; a new function's name must be free both there and in the builder's module.
+    ``native_rows``: Loop and Scan outputs may be appended by edgec's CPU kernels (False for a
+    module that runs on a GPU).
     """
 
     opset: int
     tvm_params: dict
     lowerings: dict[str, Lowering]
     names: set[str] = dataclasses.field(default_factory=set)
+    native_rows: bool = False
 
     def unique_name(self, bb: relax.BlockBuilder, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "f"
