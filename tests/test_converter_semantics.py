@@ -268,6 +268,32 @@ def test_reduction_of_extent_one_keeps_its_epilogue_once(op):
     _check(model, [x, w])
 
 
+def test_matmul_of_activations_with_an_epilogue_is_vectorized():
+    """Attention's ``softmax(..) @ v + x`` (both matmul operands computed, a residual epilogue):
+    the schedule rule vectorizes the reduction block and the epilogue apart instead of leaving
+    the whole kernel as TVM's scalar loops; the result still matches onnxruntime."""
+    import tvm
+    from tvm import te, topi
+
+    from edgec.compiler.codegen import _SimpleKernel
+
+    m = tvm.tirx.Var("m", "int64")
+    a, b, c = (te.placeholder(shape, "float32", name)
+               for shape, name in [((m, m), "a"), ((m, 32), "b"), ((m, 32), "c")])
+    out = topi.add(topi.matmul(a, b), c)
+    func = te.create_prim_func([a, b, c, out])
+    scheduled = _SimpleKernel(parallel=False).apply(func, tvm.target.Target("llvm"), False)
+    assert scheduled is not None
+    assert scheduled.mod.script().count("T.vectorized(") == 2  # the matmul's and the add's
+
+    rng = np.random.default_rng(8)
+    x, y, z = (rng.standard_normal(shape).astype(np.float32) for shape in [(5, 5), (5, 32), (5, 32)])
+    nodes = [helper.make_node("MatMul", ["x", "y"], ["p"]), helper.make_node("Add", ["p", "z"], ["o"])]
+    model = _model(nodes, [_vi("x", np.float32, ["n", "n"]), _vi("y", np.float32, ["n", 32]),
+                           _vi("z", np.float32, ["n", 32])], [_vi("o", np.float32, ["n", 32])])
+    _check(model, [x, y, z])
+
+
 def _q(name, array):
     return numpy_helper.from_array(np.asarray(array), name)
 

@@ -409,20 +409,26 @@ class _SimpleKernel(dlight.ScheduleRule):
         infos = normalize_prim_func(sch)
         if infos is None:
             return None
-        # A reduction with consumers (conv2d then a requantizing epilogue) must not take them
-        # in: with its reduction loops of extent 1 (a 1x1 conv, normalized away) the block looks
-        # spatial, try_inline moves the epilogue into it, and TVM applies it to the T.init value
-        # too, so the epilogue ran twice (QLinearConv's zero point was added twice).
+        # A reduction with consumers (conv2d then a requantizing epilogue, a matmul then a
+        # residual add) must not take them in: with its reduction loops of extent 1 (a 1x1 conv,
+        # normalized away) the block looks spatial, try_inline moves the epilogue into it, and
+        # TVM applies it to the T.init value too, so the epilogue ran twice (QLinearConv's zero
+        # point was added twice). Each block gets its own loops scheduled instead.
         if any(sch.get(info.block_rv).init is not None and sch.get_consumers(info.block_rv)
                for info in infos):
-            return None
+            scheduled = [self._schedule_block(sch, info) for info in infos]
+            return sch if any(scheduled) else None
         infos = try_inline(sch, infos)
         if len(infos) != 1:
             return None
-        block = infos[0].block_rv
-        kinds = infos[0].dom_kind()
+        return sch if self._schedule_block(sch, infos[0]) else None
+
+    def _schedule_block(self, sch: tvm.s_tir.Schedule, info) -> bool:
+        """Vectorize (and parallelize) one block's loops; whether it changed anything."""
+        block = info.block_rv
+        kinds = info.dom_kind()
         if "O" in kinds or not kinds.startswith("S"):
-            return None
+            return False
         loops = sch.get_loops(block)
         spatial = [loop for loop, kind in zip(loops, kinds) if kind == "S"]
         reduce = [loop for loop, kind in zip(loops, kinds) if kind == "R"]
@@ -433,19 +439,20 @@ class _SimpleKernel(dlight.ScheduleRule):
                                       and extents[-1] % self.VECTOR_LANES == 0):
             inner = None
         if inner is None and not self.parallel:
-            return None
+            return False
         if inner is not None and reduce:
             sch.reorder(*spatial[:-1], *reduce, inner)
         outer_total = 1
         for extent in extents[:-1]:
             outer_total = outer_total * extent if isinstance(extent, int) else self.MIN_PARALLEL
-        if self.parallel and len(spatial) > 1 and outer_total * (extents[-1] if isinstance(
-                extents[-1], int) else 1) >= self.MIN_PARALLEL:
+        parallel = self.parallel and len(spatial) > 1 and outer_total * (
+            extents[-1] if isinstance(extents[-1], int) else 1) >= self.MIN_PARALLEL
+        if parallel:
             sch.parallel(sch.fuse(*spatial[:-1]) if len(spatial) > 2 else spatial[0])
         if inner is not None:
             _, lanes = sch.split(inner, factors=[None, self.VECTOR_LANES])
             sch.vectorize(lanes)
-        return sch
+        return parallel or inner is not None
 
 
 CODEGENS = {"llvm": LLVMCodegen(), "cuda": CUDACodegen()}
