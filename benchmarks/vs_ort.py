@@ -1,10 +1,11 @@
 """edgec against onnxruntime on the zoo's CNNs and dynamic models: reports/vs_ort.json and .md.
 
 Each model is exported from the zoo (seeded), compiled with ``edgec compile`` (the target given, or
-edgec's default for this machine), then timed twice, each runtime in a process of its own with
-``edgec.bench``'s timer: edgec's artifact, then onnxruntime (2 threads by default). Rows hold the
-medians (p50) of every measured call; ``ratio`` is edgec's over onnxruntime's, and the geometric
-means are over the static and the dynamic rows. The transformer gets one row per sequence length
+edgec's default for this machine), then timed in rounds, each runtime in a process of its own with
+``edgec.bench``'s timer: edgec's artifact, then onnxruntime (2 threads by default), alternating,
+so that a machine whose speed drifts slows both alike. Rows hold, per runtime, the median over the
+rounds of the median (p50) of a round's calls; ``ratio`` is edgec's over onnxruntime's, and the
+geometric means are over the static and the dynamic rows. The transformer gets one row per sequence length
 its samples have. Outputs are compared with onnxruntime's; a model whose outputs differ beyond
 ``--tolerance`` (relative to the output's scale) makes the run fail after writing the report.
 
@@ -20,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +111,8 @@ def markdown(report: dict, setup: dict | None = None) -> str:
     if setup:
         lines += ["", f"Target {setup['target']}, {setup['threads']} threads each, medians of "
                       f"{setup['runs']} runs per sample after {setup['warmup']} warm-up; each "
-                      f"runtime in its own process, one after the other."]
+                      f"runtime in its own process, the two alternating over "
+                      f"{setup.get('rounds', 1)} round(s), the median round kept."]
     return "\n".join(lines) + "\n"
 
 
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=None, help="Measured calls per sample.")
     parser.add_argument("--warmup", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="Alternating timings of both runtimes per model (default 3; 1 small).")
     parser.add_argument("--samples", type=int, default=None, help="Samples per model.")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="Max output difference relative to onnxruntime's output scale.")
@@ -138,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = (args.models.split(",") if args.models else SMALL if args.small else STATIC + DYNAMIC)
     runs = args.runs or (5 if args.small else 20)
+    rounds = args.rounds or (1 if args.small else 3)
     warmup = args.warmup if args.warmup is not None else (2 if args.small else 3)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows, failures, target_used = [], [], args.target
@@ -157,13 +163,17 @@ def main(argv: list[str] | None = None) -> int:
                 manifest = json.loads(_run(_python_cmd("-m", "edgec", "inspect", "--json",
                                                        str(artifact)), env))
                 target_used = next(iter(manifest["libraries"]))
-            measured = {}
-            for system in ("edgec", "onnxruntime"):
-                out = Path(tmp) / f"{name}.{system}.json"
-                _run(_python_cmd(__file__, "--threads", str(args.threads), "--worker", system, name,
-                                 str(model_dir), str(artifact), str(runs), str(warmup), str(out)),
-                     env)
-                measured[system] = json.loads(out.read_text())
+            timings: dict[str, list[dict[str, float]]] = {"edgec": [], "onnxruntime": []}
+            for _ in range(rounds):
+                for system in timings:
+                    out = Path(tmp) / f"{name}.{system}.json"
+                    _run(_python_cmd(__file__, "--threads", str(args.threads), "--worker", system,
+                                     name, str(model_dir), str(artifact), str(runs), str(warmup),
+                                     str(out)), env)
+                    timings[system].append(json.loads(out.read_text()))
+            measured = {system: {key: round(statistics.median(t[key] for t in per_round), 4)
+                                 for key in per_round[0]}
+                        for system, per_round in timings.items()}
             diff = _max_rel_diff(Path(tmp) / f"{name}.edgec.npz",
                                  Path(tmp) / f"{name}.onnxruntime.npz")
             if not diff <= args.tolerance:
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         "geomean_static": _geomean([r["ratio"] for r in rows if r["kind"] == "static"]),
         "geomean_dynamic": _geomean([r["ratio"] for r in rows if r["kind"] == "dynamic"]),
     }
-    setup = {"target": target_used, "threads": args.threads, "runs": runs, "warmup": warmup}
+    setup = {"target": target_used, "threads": args.threads, "runs": runs, "warmup": warmup,
+             "rounds": rounds}
     write_text(args.output, json.dumps(report, indent=1) + "\n")
     write_text(args.output.with_suffix(".md"), markdown(report, setup))
     print(markdown(report, setup), end="")

@@ -181,6 +181,18 @@ def test_early_exit_both_branches_match(host, artifact, tmp_path):
     assert branches.get("then", 0) > 0 and branches.get("else", 0) > 0, branches
 
 
+@pytest.mark.parametrize("name", ["scan_rnn", "greedy_decoder"])
+def test_loop_and_scan_models_match_python_runtime(host, artifact, tmp_path, name):
+    """Scan (scan_rnn) and Loop (greedy_decoder) outputs stacked by edgec's native row kernels,
+    which the host binds into the library like the Python runtime."""
+    path, samples = artifact(name)
+    assert {"edgec_rows_append", "edgec_rows_take"} <= set(
+        Artifact.load(path).manifest["libraries"]["x86_64"]["linked_functions"])
+    for index, sample in enumerate(samples[:4]):
+        got = run_host(host, path, sample, tmp_path / str(index))
+        assert_outputs_match(got, _python_outputs(path, sample), TOLERANCE)
+
+
 def test_two_outputs_and_a_runtime_extra_kernel(host, tmp_path):
     path = build_artifact(topk_model(), "topk", topk_samples(), ["x86_64"], tmp_path)
     for index, sample in enumerate(topk_samples(1)):

@@ -6,8 +6,9 @@ from Python. An artifact calling them would run only where the compiler is insta
 edgec's runtime or a C/C++ host. ``redirect`` legalizes the module and renames those calls to
 ``edgec_nonzero`` / ``edgec_unique`` (``edgec/native/runtime_kernels.cc``, linked into the model
 library), and refuses any other Python-only function with a one-line error. Calls edgec's
-converters make to that library directly (``edgec_recurrent``, the recurrent layers' loop) are
-counted too, so the library gets linked.
+converters make to that library directly (``NATIVE_KERNELS``: the recurrent layers' loop, the
+stacked outputs of Loop and Scan) are counted too, so the library gets linked with the kernels
+the program calls.
 """
 
 from __future__ import annotations
