@@ -27,10 +27,13 @@ namespace {
 
 namespace ffi = tvm::ffi;
 
+// Bytes of one element of `t` (all its lanes).
+size_t ItemBytes(const DLTensor* t) { return (t->dtype.bits * t->dtype.lanes + 7) / 8; }
+
 // Host allocations aligned like TVM's own, so compiled kernels may use aligned loads on them.
 struct AlignedCPUAlloc {
   void AllocData(DLTensor* tensor) {
-    size_t bytes = (tensor->dtype.bits * tensor->dtype.lanes + 7) / 8;
+    size_t bytes = ItemBytes(tensor);
     for (int i = 0; i < tensor->ndim; ++i) bytes *= static_cast<size_t>(tensor->shape[i]);
     tensor->data = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
     if (tensor->data == nullptr) TVM_FFI_THROW(RuntimeError) << "edgec: out of memory";
@@ -64,8 +67,7 @@ void CheckCPUContiguous(const ffi::Tensor& x, const char* op) {
 
 // Element i of x as a double and as raw bytes (for exact equality of any dtype).
 const uint8_t* ElementBytes(const DLTensor* t, int64_t i) {
-  size_t size = (t->dtype.bits * t->dtype.lanes + 7) / 8;
-  return static_cast<const uint8_t*>(t->data) + t->byte_offset + i * size;
+  return static_cast<const uint8_t*>(t->data) + t->byte_offset + i * ItemBytes(t);
 }
 
 bool IsNonZero(const DLTensor* t, int64_t i) {
@@ -146,7 +148,7 @@ ffi::Array<ffi::Tensor> UniqueImpl(const ffi::Tensor& x, bool sorted, bool want_
   CheckCPUContiguous(x, "edgec_unique");
   const DLTensor* t = x.GetDLTensorPtr();
   int64_t n = NumElements(t);
-  size_t size = (t->dtype.bits * t->dtype.lanes + 7) / 8;
+  size_t size = ItemBytes(t);
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -543,7 +545,7 @@ ffi::Tensor RowsAppend(ffi::Tensor rows, ffi::Tensor row, ffi::Tensor index, ffi
     TVM_FFI_THROW(ValueError) << "edgec_rows_append: a loop output's row changed shape between "
                               << "iterations";
   }
-  size_t bytes = static_cast<size_t>(NumElements(v)) * ((v->dtype.bits * v->dtype.lanes + 7) / 8);
+  size_t bytes = static_cast<size_t>(NumElements(v)) * ItemBytes(v);
   if (at < r->shape[0]) {
     std::memcpy(Elements<char>(rows) + at * bytes, Elements<const char>(row), bytes);
     return rows;
