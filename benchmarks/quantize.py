@@ -47,9 +47,9 @@ def worker(name: str, model_dir: Path, artifacts: dict[str, Path], rounds: int, 
     """Time every artifact on every sample, interleaved by round; compare outputs with fp32's;
     write per mode: latency (median of round medians), least cosine, digits accuracy."""
     from edgec import runtime
-    from edgec.bench import BenchSettings, compare_outputs, time_calls
-    from edgec.model import load_model
-    from edgec.samples import load_samples
+    from edgec.stages.bench import BenchSettings, compare_outputs, time_calls
+    from edgec.core.model import load_model
+    from edgec.core.samples import load_samples
 
     model = load_model(model_dir / "model.onnx")
     samples = load_samples(model_dir / "samples", model)

@@ -2,7 +2,7 @@
 
 Each model is exported from the zoo (seeded), compiled with ``edgec compile`` (the target given, or
 edgec's default for this machine), then timed in rounds, each runtime in a process of its own with
-``edgec.bench``'s timer: edgec's artifact, then onnxruntime (2 threads by default), alternating,
+``edgec.stages.bench``'s timer: edgec's artifact, then onnxruntime (2 threads by default), alternating,
 so that a machine whose speed drifts slows both alike. Rows hold, per runtime, the median over the
 rounds of the median (p50) of a round's calls; ``ratio`` is edgec's over onnxruntime's, and the
 geometric means are over the static and the dynamic rows. The transformer gets one row per sequence length
@@ -57,10 +57,10 @@ def worker(system: str, name: str, model_dir: Path, artifact: Path, runs: int, w
            threads: int, output: Path) -> None:
     """Time one system on every sample in this process; write stats per row group and outputs."""
     from edgec import runtime
-    from edgec.bench import BenchSettings, time_calls
-    from edgec.model import load_model
-    from edgec.reference import reference_session
-    from edgec.samples import load_samples, sample_dims
+    from edgec.stages.bench import BenchSettings, time_calls
+    from edgec.core.model import load_model
+    from edgec.core.reference import reference_session
+    from edgec.core.samples import load_samples, sample_dims
 
     model = load_model(model_dir / "model.onnx")
     samples = load_samples(model_dir / "samples", model)
@@ -87,7 +87,7 @@ def worker(system: str, name: str, model_dir: Path, artifact: Path, runs: int, w
 
 
 def _max_rel_diff(edgec_npz: Path, ort_npz: Path) -> float:
-    from edgec.bench import compare_outputs
+    from edgec.stages.bench import compare_outputs
 
     got, want = np.load(edgec_npz), np.load(ort_npz)
     got_all = {k: got[k] for k in want.files}

@@ -1,5 +1,5 @@
 """``python -m edgec``: the CLI."""
 
-from .cli import entry_point
+from edgec.cli import entry_point
 
 entry_point()

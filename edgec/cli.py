@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .errors import EdgecError, describe
+from edgec.errors import EdgecError, describe
 
 _debug = False
 
@@ -63,7 +63,7 @@ def _signer(sign_key: Path | None):
     """A function that signs an artifact with ``sign_key`` (read now, before any long compile)."""
     if sign_key is None:
         return lambda artifact: artifact
-    from .signing import load_private_key, sign_artifact
+    from edgec.signing import load_private_key, sign_artifact
 
     key = load_private_key(sign_key)
     return lambda artifact: sign_artifact(artifact, key)
@@ -73,7 +73,7 @@ def _quantize_opts(func):
     func = click.option("--quantize", "quantize_mode", default="none", show_default=True,
                         type=click.Choice(["none", "int8-weight", "int8-dynamic", "int8-static",
                                            "fp16", "auto"]),
-                        help="Quantize layers with constant weights (see `edgec.quantize`).")(func)
+                        help="Quantize layers with constant weights (see `edgec.stages.quantize`).")(func)
     func = click.option("--max-accuracy-drop", default=0.01, show_default=True, type=float,
                         help="Budget vs fp32 on held-out samples: 1 - lowest cosine, or 1 - "
                              "top-1 agreement for classifiers.")(func)
@@ -109,7 +109,7 @@ def zoo() -> None:
 @zoo.command("list")
 def zoo_list() -> None:
     """List the zoo's models."""
-    from . import zoo as zoo_lib
+    from edgec import zoo as zoo_lib
 
     for name in zoo_lib.names():
         entry = zoo_lib.get(name)
@@ -123,7 +123,7 @@ def zoo_list() -> None:
 @click.option("--count", default=None, type=int, help="Number of samples (default: the model's).")
 def zoo_export(name: str, output: Path, seed: int, count: int | None) -> None:
     """Write NAME's model.onnx and samples/ into a folder."""
-    from . import zoo as zoo_lib
+    from edgec import zoo as zoo_lib
 
     zoo_lib.export(name, output, seed=seed, count=count)
     click.echo(f"wrote {output / 'model.onnx'} and {output / 'samples'}")
@@ -135,9 +135,9 @@ def zoo_export(name: str, output: Path, seed: int, count: int | None) -> None:
 @_out_opt("Where to write the profile (JSON).")
 def profile_cmd(model: Path, samples_path: Path, output: Path) -> None:
     """Run MODEL on samples and record shapes, branches, trip counts, node times and ranges."""
-    from .model import load_model
-    from .profile import profile
-    from .samples import load_samples
+    from edgec.core.model import load_model
+    from edgec.stages.profile import profile
+    from edgec.core.samples import load_samples
 
     loaded = load_model(model)
     result = profile(loaded, load_samples(samples_path, loaded))
@@ -169,9 +169,9 @@ def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
              compile_budget_s: float, samples_path: Path | None, explain: bool,
              output: Path) -> None:
     """Cut MODEL into regions and decide which shapes each runs specialized."""
-    from .model import load_model
-    from .plan import PlanSettings
-    from .profile import Profile
+    from edgec.core.model import load_model
+    from edgec.stages.plan import PlanSettings
+    from edgec.stages.profile import Profile
 
     settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
     the_target = _targets_or_default((target,) if target else ())[0][0]
@@ -193,9 +193,9 @@ def _kernels_on_calling_thread() -> None:
 
 def _make_plan(loaded, prof, target, settings, samples_path):
     """Plan; for the oracle policy, first time every option of every region on the samples."""
-    from .plan import plan
+    from edgec.stages.plan import plan
 
-    from .samples import load_samples
+    from edgec.core.samples import load_samples
 
     settings.check()
     measured = None
@@ -204,7 +204,7 @@ def _make_plan(loaded, prof, target, settings, samples_path):
         _kernels_on_calling_thread()
         if samples is None:
             raise EdgecError("--policy oracle times every option: pass --samples")
-        from .costmodel.measure import measure_model
+        from edgec.tools.costmodel.measure import measure_model
 
         measured = measure_model(loaded, prof, samples, target,
                                  settings.max_specializations, source="oracle").table()
@@ -213,7 +213,7 @@ def _make_plan(loaded, prof, target, settings, samples_path):
 
 def _targets_or_default(names: tuple[str, ...]):
     """The targets named, or the best one this machine runs; and how they were chosen."""
-    from .targets import load_target
+    from edgec.core.targets import load_target
 
     if names:
         return [load_target(t) for t in names], "given"
@@ -224,7 +224,7 @@ def _targets_or_default(names: tuple[str, ...]):
 
 def _target_or_default(name: str | None):
     """The target named, or the best one this machine runs (said on stderr)."""
-    from .targets import default_target, load_target
+    from edgec.core.targets import default_target, load_target
 
     if name is not None:
         return load_target(name)
@@ -244,11 +244,11 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
                  max_accuracy_drop: float, calibration: str, quant_scheme: str,
                  held_out_path: Path | None, output: Path) -> None:
     """Decide each layer's precision within the accuracy budget (simulated on held-out samples)."""
-    from .model import load_model
-    from .profile import Profile
-    from .quantize import QuantizeSettings, quantize
-    from .samples import load_samples
-    from .targets import load_target
+    from edgec.core.model import load_model
+    from edgec.stages.profile import Profile
+    from edgec.stages.quantize import QuantizeSettings, quantize
+    from edgec.core.samples import load_samples
+    from edgec.core.targets import load_target
 
     settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
     settings.check()
@@ -274,10 +274,10 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
 def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
               quantization_path: Path | None, sign_key: Path | None, output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
-    from .build import build
-    from .model import load_model
-    from .plan import Plan
-    from .quantize import Quantization
+    from edgec.stages.build import build
+    from edgec.core.model import load_model
+    from edgec.stages.plan import Plan
+    from edgec.stages.quantize import Quantization
 
     sign = _signer(sign_key)
     target_list, chosen = _targets_or_default(targets)
@@ -305,12 +305,12 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
                 held_out_path: Path | None, sign_key: Path | None, output: Path) -> None:
     """Profile, plan, quantize and build in one go."""
-    from .build import build
-    from .model import load_model
-    from .plan import PlanSettings
-    from .profile import profile
-    from .quantize import QuantizeSettings, build_guarded, held_out_split, quantize
-    from .samples import load_samples
+    from edgec.stages.build import build
+    from edgec.core.model import load_model
+    from edgec.stages.plan import PlanSettings
+    from edgec.stages.profile import profile
+    from edgec.stages.quantize import QuantizeSettings, build_guarded, held_out_split, quantize
+    from edgec.core.samples import load_samples
 
     sign = _signer(sign_key)
     loaded = load_model(model)
@@ -361,7 +361,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
 def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None,
              seed: int) -> None:
     """Tune the kernels TVM generates for MODEL into the target's database (autotune/<target>/)."""
-    from .tune import tune_model
+    from edgec.tools.tune import tune_model
 
     the_target = _targets_or_default((target,) if target else ())[0][0]
     summary = tune_model(model, the_target, trials, samples_path=samples_path, seed=seed)
@@ -397,9 +397,9 @@ def _echo_quantization(quant) -> None:
 def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: Path | None,
             output: Path) -> None:
     """Run an artifact on one set of inputs."""
-    from . import remote
-    from .fileio import atomic_write
-    from .samples import read_npz, sample_files
+    from edgec.core import remote
+    from edgec.fileio import atomic_write
+    from edgec.core.samples import read_npz, sample_files
 
     # here, through RPC or under qemu
     model = remote.load(artifact, target=target, require_signature=public_key)
@@ -432,10 +432,10 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
               threads: int, target: str | None, baselines: str, public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
-    from .bench import BenchSettings, bench
-    from .model import load_model
-    from .runtime.artifact import Artifact
-    from .samples import load_samples
+    from edgec.stages.bench import BenchSettings, bench
+    from edgec.core.model import load_model
+    from edgec.runtime.artifact import Artifact
+    from edgec.core.samples import load_samples
 
     if model_path is None:
         source = Artifact.load(artifact).manifest["model"].get("source", "")
@@ -449,7 +449,7 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
                    baselines=chosen, require_signature=public_key)
     result.save(output)
     if result["regions"]:
-        from .bench import record_measurements
+        from edgec.stages.bench import record_measurements
 
         # The target as given (a .toml path is not a name load_target finds), else the library's.
         record_measurements(target or result["target"], loaded, result["regions"], threads)
@@ -470,9 +470,9 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
 def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | None,
                max_regression: str) -> None:
     """Render bench results as Markdown, HTML, CSV and JSON; optionally gate on a baseline."""
-    from .bench import BenchResult
-    from .fileio import write_text
-    from .report import RegressionError, compare, load_baseline, parse_margin, report
+    from edgec.stages.bench import BenchResult
+    from edgec.fileio import write_text
+    from edgec.stages.report import RegressionError, compare, load_baseline, parse_margin, report
 
     margin = parse_margin(max_regression)
     loaded = [BenchResult.load(p) for p in results]
@@ -492,7 +492,7 @@ def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | No
               help="Where to write the private key (PEM, mode 0600); the public key goes to OUTPUT.pub.")
 def keygen_cmd(output: Path) -> None:
     """Make an Ed25519 key pair for `compile --sign` and `run/bench --require-signature`."""
-    from .signing import fingerprint, generate_keypair, load_public_key
+    from edgec.signing import fingerprint, generate_keypair, load_public_key
 
     private_path, public_path = generate_keypair(output)
     click.echo(f"wrote {private_path} (private: keep it secret) and {public_path} (public: give it "
@@ -502,7 +502,7 @@ def keygen_cmd(output: Path) -> None:
 @cli.command("targets")
 def targets_cmd() -> None:
     """List the known targets."""
-    from .targets import list_targets
+    from edgec.core.targets import list_targets
 
     for target in list_targets():
         click.echo(f"{target.name:20s} {target.kind:6s} {target.arch:8s} "
@@ -514,7 +514,7 @@ def targets_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def inspect_cmd(artifact: Path, as_json: bool) -> None:
     """Show an artifact's manifest: inputs, outputs, libraries, specializations and fallback."""
-    from .runtime.artifact import Artifact
+    from edgec.runtime.artifact import Artifact
 
     manifest = Artifact.load(artifact).manifest
     if as_json:
@@ -557,11 +557,11 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
               help="Also write the per-node table as JSON.")
 def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, output: Path | None) -> None:
     """Name the first node (and region) whose compiled output diverges from the reference."""
-    from .debug import debug
-    from .fileio import write_text
-    from .model import load_model
-    from .samples import load_samples
-    from .targets import load_target
+    from edgec.tools.debug import debug
+    from edgec.fileio import write_text
+    from edgec.core.model import load_model
+    from edgec.core.samples import load_samples
+    from edgec.core.targets import load_target
 
     loaded = load_model(model)
     result = debug(loaded, load_samples(samples_path, loaded), load_target(target), tolerance)
@@ -586,7 +586,7 @@ def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, ou
 def conformance_cmd(subset: str, prefixes: tuple[str, ...], timeout: float, jobs: int,
                     output: Path) -> None:
     """Run ONNX's operator test cases through the whole pipeline; write a table per case."""
-    from .conformance import ci_subset, node_cases, run_suite_parallel, summarize, write_results
+    from edgec.tools.conformance import ci_subset, node_cases, run_suite_parallel, summarize, write_results
 
     names = sorted(node_cases())
     if subset == "ci":
@@ -629,8 +629,8 @@ def costmodel_collect(target: str | None, models: str, passes: int, runs: int, b
                       max_specializations: int) -> None:
     """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
     _kernels_on_calling_thread()
-    from .costmodel.collect import collect
-    from .costmodel.store import measurements_path
+    from edgec.tools.costmodel.collect import collect
+    from edgec.costmodel.store import measurements_path
 
     if passes < 1 or runs < 1 or batches < 1:
         raise EdgecError("--passes, --runs and --batches must be at least 1")
@@ -646,9 +646,9 @@ def costmodel_collect(target: str | None, models: str, passes: int, runs: int, b
               help="Where to write the model (default: autotune/<target>/costmodel.json).")
 def costmodel_train(target: str | None, output: Path | None) -> None:
     """Fit the cost model on the target's measurements; the learner is picked by held-out error."""
-    from .costmodel.evaluate import _best_rows
-    from .costmodel.model import default_path, fit
-    from .costmodel.store import load_measurements
+    from edgec.tools.costmodel.evaluate import _best_rows
+    from edgec.costmodel.model import default_path, fit
+    from edgec.costmodel.store import load_measurements
 
     loaded = _target_or_default(target)
     rows = load_measurements(loaded)
@@ -673,11 +673,11 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
 def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,
                    output: Path | None) -> None:
     """Leave-one-model-out: Spearman, MAPE and each policy's measured expected latency."""
-    from . import zoo
-    from .costmodel.evaluate import evaluate, render
-    from .costmodel.store import load_measurements
-    from .fileio import write_text
-    from .plan import PlanSettings
+    from edgec import zoo
+    from edgec.tools.costmodel.evaluate import evaluate, render
+    from edgec.costmodel.store import load_measurements
+    from edgec.fileio import write_text
+    from edgec.stages.plan import PlanSettings
 
     loaded = _target_or_default(target)
     rows = load_measurements(loaded)

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import InputFileError, OutputFileError, StageInputError
+from edgec.errors import InputFileError, OutputFileError, StageInputError
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)

@@ -51,12 +51,12 @@ def mlp_dir(tmp_path):
 @pytest.fixture(scope="session")
 def mlp_artifact(tmp_path_factory):
     """The dynamic MLP compiled for the host, shared by runtime and bench tests."""
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     root = tmp_path_factory.mktemp("mlp")
     onnx.save(mlp_model(), str(root / "model.onnx"))

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
-from edgec.bench import BenchResult, BenchSettings, bench, compare_outputs, latency_stats
+from edgec.stages.bench import BenchResult, BenchSettings, bench, compare_outputs, latency_stats
 from edgec.errors import EdgecError, StageInputError
-from edgec.model import from_proto
-from edgec.report import report
-from edgec.samples import Sample
+from edgec.core.model import from_proto
+from edgec.stages.report import report
+from edgec.core.samples import Sample
 
 
 def test_latency_stats_are_percentiles():

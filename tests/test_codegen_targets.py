@@ -10,7 +10,7 @@ import pytest
 from edgec import runtime
 from edgec.cli import main
 from edgec.errors import TargetError
-from edgec.targets import default_target, list_targets
+from edgec.core.targets import default_target, list_targets
 
 
 def _entry(arch, features):

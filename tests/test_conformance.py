@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from edgec import conformance
+from edgec.tools import conformance
 from edgec.errors import ModelError
 
 FLOOR_FILE = Path(__file__).resolve().parent.parent / "reports" / "conformance" / "ci_floor.json"
@@ -58,13 +58,13 @@ def test_ci_subset_pass_count_does_not_drop_below_the_floor():
 
 def test_fixed_input_other_value_is_refused_by_the_python_runtime(tmp_path):
     from edgec import runtime
-    from edgec.build import build
+    from edgec.stages.build import build
     from edgec.errors import SamplesError
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     graph = helper.make_graph(
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0, name="sum")], "g",
@@ -114,12 +114,12 @@ def test_low_precision_outputs_compare_as_floats():
 def test_fixed_input_falls_back_to_the_general_program_when_one_imports(tmp_path):
     """Slice with runtime starts/ends imports symbolically too: other values take that path."""
     from edgec import runtime
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     graph = helper.make_graph(
         [helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="slice")], "g",

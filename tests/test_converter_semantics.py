@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_converters_ops import _model, _reference
 
-from edgec import conformance
-from edgec.compiler.frontend import import_onnx
+from edgec.tools import conformance
+from edgec.compiler.importer.from_onnx import import_onnx
 from edgec.errors import ModelError
-from edgec.model import from_proto
+from edgec.core.model import from_proto
 
 _RNG = np.random.default_rng(1234)
 
@@ -275,7 +275,7 @@ def test_matmul_of_activations_with_an_epilogue_is_vectorized():
     import tvm
     from tvm import te, topi
 
-    from edgec.compiler.codegen import _SimpleKernel
+    from edgec.compiler.backends.llvm import _SimpleKernel
 
     m = tvm.tirx.Var("m", "int64")
     a, b, c = (te.placeholder(shape, "float32", name)

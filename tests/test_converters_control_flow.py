@@ -21,11 +21,11 @@ import tvm_ffi
 from onnx import TensorProto, helper
 from tvm import relax
 
-from edgec.compiler.codegen import LLVMCodegen
-from edgec.compiler.frontend import import_onnx
-from edgec.model import from_proto
+from edgec.compiler.backends.llvm import LLVMCodegen
+from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.core.model import from_proto
 from edgec.runtime import bind_linked_functions
-from edgec.targets import load_target
+from edgec.core.targets import load_target
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 OPSET = 17

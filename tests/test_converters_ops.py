@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec import conformance
-from edgec.compiler.expand import expand_functions
-from edgec.compiler.fold import constant_input_name, fix_inputs, fold_constants
+from edgec.tools import conformance
+from edgec.compiler.importer.expand import expand_functions
+from edgec.compiler.importer.fold import constant_input_name, fix_inputs, fold_constants
 from edgec.errors import ModelError
 
 
@@ -130,8 +130,8 @@ def test_cumprod_with_a_runtime_axis_is_a_clear_error():
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
                            helper.make_tensor_value_info("axis", TensorProto.INT64, [])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], opset=26)
-    from edgec.compiler.frontend import import_onnx
-    from edgec.model import from_proto
+    from edgec.compiler.importer.from_onnx import import_onnx
+    from edgec.core.model import from_proto
 
     with pytest.raises(ModelError, match="cp: the axis must be known at compile time"):
         import_onnx(from_proto(model))

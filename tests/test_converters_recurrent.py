@@ -14,14 +14,14 @@ from test_converters_control_flow import _outputs, model, vi
 from tvm import relax
 
 from edgec import runtime
-from edgec.build import build
-from edgec.compiler.frontend import import_onnx
+from edgec.stages.build import build
+from edgec.compiler.importer.from_onnx import import_onnx
 from edgec.errors import ModelError
-from edgec.model import from_proto
-from edgec.plan import plan
-from edgec.profile import profile
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core.model import from_proto
+from edgec.stages.plan import plan
+from edgec.stages.profile import profile
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 
 F = TensorProto.FLOAT
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -260,7 +260,7 @@ def test_lstm_tagger_end_to_end_with_library_dispatch(tmp_path):
 
 def test_cost_model_features_price_a_native_loop_apart_from_a_scan():
     from edgec.costmodel.features import region_features
-    from edgec.regions import cut_regions
+    from edgec.core.regions import cut_regions
 
     proto, _ = recurrent("LSTM", hidden=8, features=6, directions=2, layout=1)
     lstm = from_proto(proto, "lstm_features")

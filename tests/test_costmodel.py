@@ -5,18 +5,18 @@ import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.costmodel import learn
-from edgec.costmodel.evaluate import _best_rows, plan_expected_ms
+from edgec.tools.costmodel.evaluate import _best_rows, plan_expected_ms
 from edgec.costmodel.features import FEATURE_NAMES, region_features
-from edgec.costmodel.measure import measure_model
+from edgec.tools.costmodel.measure import measure_model
 from edgec.costmodel.model import CostModel, default_path, fit
 from edgec.costmodel.store import append_measurements, load_measurements, measurements_path
 from edgec.errors import StageInputError
-from edgec.model import from_proto
-from edgec.plan import PlanSettings, plan
-from edgec.profile import profile
-from edgec.regions import cut_regions
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core.model import from_proto
+from edgec.stages.plan import PlanSettings, plan
+from edgec.stages.profile import profile
+from edgec.core.regions import cut_regions
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 
 TARGET = load_target("x86_64")
 MLP = from_proto(mlp_model(), "mlp")
@@ -205,8 +205,8 @@ def test_the_committed_x86_models_load_and_plan(name):
 
 
 def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
-    from edgec.bench import BenchSettings, bench, record_measurements
-    from edgec.build import build
+    from edgec.stages.bench import BenchSettings, bench, record_measurements
+    from edgec.stages.build import build
     from test_dispatch import nonzero_model
     from test_plan import _table
 
@@ -238,7 +238,7 @@ def test_costmodel_commands_default_to_the_machines_target(capsys, monkeypatch):
     """Like `edgec plan`, the costmodel commands take the target with the most CPU features this
     machine has when none is given, so what they collect and train is what plan looks up."""
     from edgec.cli import main
-    from edgec.targets import default_target
+    from edgec.core.targets import default_target
 
     monkeypatch.delenv("EDGEC_MEASUREMENTS_DIR")  # the committed stores; eval only reads them
     assert main(["costmodel", "eval", "--holdout", "cnn_batch"]) == 0

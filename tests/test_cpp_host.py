@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec import remote, runtime, zoo
+from edgec.core import remote, runtime, zoo
 from edgec.errors import ArtifactError, InputFileError, SamplesError, ToolchainError
 from edgec.runtime.artifact import FORMAT_VERSION, Artifact
 
@@ -34,7 +34,7 @@ def missing_tools(*tools: str) -> list[str]:
 
 
 def build_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> Path:
-    """``edgec_run`` built with ``cxx`` (cached; see ``edgec.remote.cpp_host``)."""
+    """``edgec_run`` built with ``cxx`` (cached; see ``edgec.core.remote.cpp_host``)."""
     try:
         return remote.cpp_host(cxx, lib_dirs)
     except ToolchainError as exc:
@@ -44,12 +44,12 @@ def build_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> P
 def build_artifact(proto, name: str, samples: list[dict], targets: list[str],
                    directory: Path) -> Path:
     """Profile, plan (default settings) and build ``proto`` for ``targets``; save and return it."""
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import PlanSettings, plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import PlanSettings, plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     model = from_proto(proto, name)
     profiled = profile(model, [Sample(f"s{i}", a) for i, a in enumerate(samples)])
@@ -166,9 +166,9 @@ def test_transformer_specialized_and_fallback_shapes_match(host, artifact, tmp_p
 
 
 def test_early_exit_both_branches_match(host, artifact, tmp_path):
-    from edgec.model import from_proto
-    from edgec.profile import profile
-    from edgec.samples import Sample
+    from edgec.core.model import from_proto
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
 
     path, samples = artifact("early_exit")
     for index, sample in enumerate(samples):
@@ -412,13 +412,13 @@ def test_fixed_shape_input_is_checked_like_the_python_runtime(host, tmp_path):
 def test_padded_buckets_match_onnxruntime(host, tmp_path):
     """A plan that pads the tagger's ``seq`` to buckets: the padding and slicing are compiled into
     ``main``, so the C++ host runs them too; unseen lengths match onnxruntime."""
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import PlanSettings, plan
-    from edgec.profile import profile
-    from edgec.reference import reference_session
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import PlanSettings, plan
+    from edgec.stages.profile import profile
+    from edgec.core.reference import reference_session
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
     from edgec.zoo import bucketed
 
     model = from_proto(bucketed.make_token_tagger(0), "token_tagger")

@@ -1,4 +1,4 @@
-"""CUDA targets compile here without a GPU (``edgec.compiler.codegen_cuda``): the library carries the
+"""CUDA targets compile here without a GPU (``edgec.compiler.backends.cuda``): the library carries the
 kernels as a fatbinary for the target's arch (not CUDA C that only TVM's Python compiler could
 build), the VM's control flow stays host code, and the manifest records where things run.
 
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 from edgec import runtime
-from edgec.compiler import codegen_cuda
+from edgec.compiler.backends import cuda as codegen_cuda
 from edgec.errors import CompileError, ToolchainError
 from edgec.runtime.artifact import Artifact
-from edgec.targets import load_target
+from edgec.core.targets import load_target
 from test_cpp_host import zoo_artifact
 
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
@@ -150,7 +150,7 @@ def test_bad_cuda_arch_is_one_line_error():
 
 
 def test_cuda_target_without_host_table_is_refused():
-    from edgec.targets import parse_target
+    from edgec.core.targets import parse_target
 
     target = parse_target({"name": "g", "kind": "cuda", "arch": "x86_64",
                            "tvm": {"kind": "cuda", "arch": "sm_90"}}, "g.toml")

@@ -1,11 +1,11 @@
 from tvm import relax
 
 from conftest import mlp_model, mlp_samples
-from edgec.compiler import converters
-from edgec.debug import debug
-from edgec.model import from_proto
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.compiler.importer import converters
+from edgec.tools.debug import debug
+from edgec.core.model import from_proto
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 from edgec.zoo import get
 
 TARGET = load_target("x86_64")

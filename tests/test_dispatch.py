@@ -6,11 +6,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from conftest import mlp_model
-from edgec.compiler.dispatch import add_shape_dispatch, lower_regions
-from edgec.compiler.frontend import import_onnx
-from edgec.model import from_proto
-from edgec.reference import reference_session
-from edgec.regions import cut_regions
+from edgec.compiler.transform.shape_dispatch import add_shape_dispatch, lower_regions
+from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.core.model import from_proto
+from edgec.core.reference import reference_session
+from edgec.core.regions import cut_regions
 
 
 def test_dispatch_adds_static_functions_and_keeps_results_exact():
@@ -94,12 +94,12 @@ def test_a_specialization_naming_a_dim_the_region_lacks_is_refused():
 
 
 def test_a_plan_whose_regions_do_not_lower_builds_the_model_whole(monkeypatch, tmp_path):
-    import edgec.build
+    import edgec.stages.build
     from edgec import runtime
-    from edgec.plan import PlanSettings, plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.plan import PlanSettings, plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     model = from_proto(nonzero_model(), "nonzero")
     x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
@@ -109,8 +109,8 @@ def test_a_plan_whose_regions_do_not_lower_builds_the_model_whole(monkeypatch, t
     def refuse(*args, **kwargs):
         raise ValueError("region region_2 does not import alone")
 
-    monkeypatch.setattr(edgec.build, "lower_regions", refuse)
-    artifact = edgec.build.build(model, the_plan, [load_target("x86_64")])
+    monkeypatch.setattr(edgec.stages.build, "lower_regions", refuse)
+    artifact = edgec.stages.build.build(model, the_plan, [load_target("x86_64")])
     (function,) = artifact.manifest["libraries"]["x86_64"]["functions"]
     assert function["kind"] == "symbolic" and "does not import alone" in function["note"]
     got = runtime.load(artifact.save(tmp_path / "a.edgec")).run({"x": x})

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from edgec import runtime, zoo
-from edgec.bench import compare_outputs
-from edgec.build import build
-from edgec.model import from_proto
-from edgec.plan import PlanSettings, plan
-from edgec.profile import profile
-from edgec.reference import reference_session
-from edgec.samples import Sample, sample_dims
-from edgec.targets import load_target
+from edgec.stages.bench import compare_outputs
+from edgec.stages.build import build
+from edgec.core.model import from_proto
+from edgec.stages.plan import PlanSettings, plan
+from edgec.stages.profile import profile
+from edgec.core.reference import reference_session
+from edgec.core.samples import Sample, sample_dims
+from edgec.core.targets import load_target
 
 TOLERANCE = 1e-4  # max abs difference relative to the output's scale
 

@@ -1,7 +1,7 @@
 from tvm import relax
 
-from edgec.compiler.frontend import import_onnx
-from edgec.model import from_proto
+from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.core.model import from_proto
 from edgec.zoo import get
 from test_profile import if_model
 

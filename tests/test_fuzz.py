@@ -64,8 +64,8 @@ def mutated(draw, original: bytes) -> bytes:
 
 
 def test_mutated_model_bytes_give_edgec_errors_only(tmp_path):
-    from edgec.compiler.frontend import import_onnx
-    from edgec.model import load_model
+    from edgec.compiler.importer.from_onnx import import_onnx
+    from edgec.core.model import load_model
 
     original = mlp_model().SerializeToString()
     path = tmp_path / "m.onnx"
@@ -162,7 +162,7 @@ def input_sets(draw) -> dict:
 
 
 def test_random_inputs_give_a_result_or_samples_error(mlp_artifact):
-    from edgec.reference import reference_session
+    from edgec.core.reference import reference_session
 
     model = runtime.load(mlp_artifact)
     reference = reference_session(mlp_model())

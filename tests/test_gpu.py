@@ -14,7 +14,7 @@ import pytest
 
 from edgec import runtime
 from edgec.errors import ToolchainError
-from edgec.targets import list_targets
+from edgec.core.targets import list_targets
 from test_cpp_host import zoo_artifact
 
 # float32 kernels on the GPU (other reduction orders, fast intrinsics) vs LLVM's on the CPU.
@@ -40,7 +40,7 @@ def _skip_reason() -> str:
     if gpu_target() is None:
         return f"no target in targets/ for this {runtime.host_arch()} host and sm_{_capability[0]}{_capability[1]}"
     try:
-        from edgec.compiler.codegen_cuda import find_nvcc
+        from edgec.compiler.backends.cuda import find_nvcc
 
         find_nvcc()
     except ToolchainError as exc:

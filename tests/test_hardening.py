@@ -50,12 +50,12 @@ from onnx import TensorProto, helper
 
 from conftest import mlp_model, mlp_samples, write_samples
 from edgec import fileio, runtime
-from edgec.bench import compare_outputs
+from edgec.stages.bench import compare_outputs
 from edgec.cli import main
 from edgec.errors import (ArtifactError, ModelError, OutputFileError, SamplesError, TargetError,
                           ToolchainError)
-from edgec.model import from_proto, load_model
-from edgec.reference import reference_session
+from edgec.core.model import from_proto, load_model
+from edgec.core.reference import reference_session
 from edgec.runtime.artifact import FORMAT_VERSION, Artifact
 
 REPO = Path(__file__).resolve().parent.parent
@@ -221,11 +221,11 @@ def test_nan_and_inf_inputs_run_and_are_compared(tmp_path):
     onnxruntime element for element, NaN for NaN. (TVM compiles Relu, Clip, Max/Min and max
     pooling to IEEE maxNum/minNum, which returns the non-NaN operand, so there a NaN can become a
     number where onnxruntime keeps NaN; bench then reports the mismatch, as checked below.)"""
-    from edgec.build import build
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     proto = mlp_model()
     proto.graph.node[1].op_type = "Sigmoid"  # no max/min: NaN and Inf propagate as in onnxruntime
@@ -355,7 +355,7 @@ def test_target_file_with_a_typo(mlp_dir, tmp_path, capfd, monkeypatch):
     assert "'rnu' (did you mean 'run'?)" in message
     target.write_text((TARGETS / "arm64-cortex-a72.toml").read_text().replace("cross_compiler =", "cross_compiller ="))
     with pytest.raises(TargetError, match="'build.cross_compiller' \\(did you mean 'build.cross_compiler'\\?\\)"):
-        from edgec.targets import load_target
+        from edgec.core.targets import load_target
 
         load_target(target)
 
@@ -388,12 +388,12 @@ _STALLING_CLI = textwrap.dedent("""
 
         fileio.atomic_write = stalled
     elif point == "build":
-        import edgec.build
-        real_build = edgec.build.build
-        edgec.build.build = lambda *a, **k: (real_build(*a, **k), pause())
+        import edgec.stages.build
+        real_build = edgec.stages.build.build
+        edgec.stages.build.build = lambda *a, **k: (real_build(*a, **k), pause())
     elif point == "measure":
-        import edgec.bench
-        edgec.bench.compare_outputs = lambda *a, **k: pause()
+        import edgec.stages.bench
+        edgec.stages.bench.compare_outputs = lambda *a, **k: pause()
     from edgec.cli import main
     sys.exit(main(sys.argv[2:]))
 """)

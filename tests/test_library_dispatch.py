@@ -19,18 +19,18 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
-from edgec.build import build
-from edgec.compiler import codegen, native
-from edgec.compiler.dispatch import add_shape_dispatch
-from edgec.compiler.frontend import import_onnx
-from edgec.compiler.library_dispatch import DispatchRules, dispatch_with_stats
+from edgec.stages.build import build
+from edgec.compiler.backends import llvm as codegen, native
+from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
+from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.transform.library_offload import DispatchRules, dispatch_with_stats
 from edgec.errors import CompileError, TargetError, ToolchainError
-from edgec.model import from_proto
+from edgec.core.model import from_proto
 import edgec.runtime
-from edgec.plan import PlanSettings, plan
-from edgec.profile import profile
-from edgec.samples import Sample
-from edgec.targets import load_target, parse_target
+from edgec.stages.plan import PlanSettings, plan
+from edgec.stages.profile import profile
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target, parse_target
 
 
 def _dnnl_missing() -> str | None:

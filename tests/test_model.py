@@ -4,7 +4,7 @@ from onnx import TensorProto, helper
 
 from conftest import mlp_model
 from edgec.errors import InputFileError, ModelError
-from edgec.model import from_proto, load_model
+from edgec.core.model import from_proto, load_model
 
 
 def test_load_model_reads_inputs_outputs_and_dynamic_dims(tmp_path):

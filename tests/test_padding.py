@@ -1,4 +1,4 @@
-"""Padding to buckets: the proof (edgec.padding), the dispatch that pads and slices
+"""Padding to buckets: the proof (edgec.core.padding), the dispatch that pads and slices
 (compiler.dispatch), and the plan that uses it only where it is proved and checked."""
 
 import tempfile
@@ -10,15 +10,15 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, tirx
 
-from edgec import padding, runtime
-from edgec.build import build
-from edgec.compiler.dispatch import PadSpec, add_shape_dispatch
-from edgec.model import from_proto
-from edgec.plan import Plan, PlanSettings, plan
-from edgec.profile import profile
-from edgec.reference import reference_session
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core import padding, runtime
+from edgec.stages.build import build
+from edgec.compiler.transform.shape_dispatch import PadSpec, add_shape_dispatch
+from edgec.core.model import from_proto
+from edgec.stages.plan import Plan, PlanSettings, plan
+from edgec.stages.profile import profile
+from edgec.core.reference import reference_session
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 from edgec.zoo import bucketed
 
 TARGET = load_target("x86_64")
@@ -207,7 +207,7 @@ def test_sample_check_catches_a_wrong_proof():
     rng = np.random.default_rng(0)
     samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, n, 8)).astype(np.float32)})
                for i, n in enumerate([3, 9])]
-    from edgec.regions import cut_regions
+    from edgec.core.regions import cut_regions
 
     claimed = {"dims": ["seq"], "inputs": {"x": [[1, "seq"]]}, "outputs": {"y": [[1, "seq"]]}}
     failed = padding.check_on_samples(model, cut_regions(model)[0], model.proto, claimed, samples,

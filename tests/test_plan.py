@@ -2,11 +2,11 @@ import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.errors import EdgecError, StageInputError
-from edgec.model import from_proto
-from edgec.plan import Plan, PlanSettings, Region, _choices_alike, plan
-from edgec.profile import profile
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core.model import from_proto
+from edgec.stages.plan import Plan, PlanSettings, Region, _choices_alike, plan
+from edgec.stages.profile import profile
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 
 MODEL = from_proto(mlp_model())
 TARGET = load_target("x86_64")
@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 from edgec.costmodel import learn  # noqa: E402
 from edgec.costmodel.features import FEATURE_NAMES  # noqa: E402
 from edgec.costmodel.model import CostModel  # noqa: E402
-from edgec.regions import cut_regions, region_dims  # noqa: E402
+from edgec.core.regions import cut_regions, region_dims  # noqa: E402
 from test_dispatch import nonzero_model  # noqa: E402
 
 NONZERO = from_proto(nonzero_model(), "nonzero")

@@ -5,9 +5,9 @@ from onnx import TensorProto, helper
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.errors import SamplesError, StageInputError
-from edgec.model import from_proto
-from edgec.profile import Profile, profile
-from edgec.samples import Sample
+from edgec.core.model import from_proto
+from edgec.stages.profile import Profile, profile
+from edgec.core.samples import Sample
 
 
 def _samples(arrays_list):
@@ -80,8 +80,8 @@ def test_profile_records_dims_shapes_nodes_and_ranges():
 def test_profile_keeps_histograms_of_the_activations_quantization_calibrates():
     """|x| histograms for the inputs of layers with constant weights (here the MLP's MatMul
     input), over [0, largest |x| seen], holding every value once; none for other tensors."""
-    from edgec.profile import HISTOGRAM_BINS
-    from edgec.quantize.layers import find_layers
+    from edgec.stages.profile import HISTOGRAM_BINS
+    from edgec.core.quant_layers import find_layers
 
     model = from_proto(mlp_model(), "mlp")
     samples = _samples(mlp_samples(MLP_SHAPES))
@@ -160,8 +160,8 @@ def _topk_model() -> onnx.ModelProto:
 
 
 def test_profile_records_values_of_shape_like_inputs_and_the_plan_fixes_constant_ones(tmp_path):
-    from edgec.plan import plan
-    from edgec.targets import load_target
+    from edgec.stages.plan import plan
+    from edgec.core.targets import load_target
 
     model = from_proto(_topk_model())
     rng = np.random.default_rng(0)
@@ -180,7 +180,7 @@ def test_profile_records_values_of_shape_like_inputs_and_the_plan_fixes_constant
 
 
 def test_inputs_reaching_a_shape_argument_through_integer_arithmetic_are_shape_like():
-    from edgec.profile import shape_argument_inputs
+    from edgec.stages.profile import shape_argument_inputs
 
     graph = helper.make_graph(
         [helper.make_node("Shape", ["x"], ["s"], name="shape"),

@@ -19,12 +19,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgec import remote, runtime, zoo
-from edgec.compiler import codegen, native
-from edgec.compiler.library_dispatch import DispatchRules
+from edgec.core import remote, runtime, zoo
+from edgec.compiler.backends import llvm as codegen, native
+from edgec.compiler.transform.library_offload import DispatchRules
 from edgec.errors import ToolchainError
 from edgec.runtime.artifact import Artifact
-from edgec.targets import load_target
+from edgec.core.targets import load_target
 from test_cpp_host import (build_artifact, build_host, missing_tools, run_host,
                            topk_model, topk_samples, zoo_artifact)
 

@@ -10,20 +10,20 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.build import build
+from edgec.stages.build import build
 from edgec.cli import main
 from edgec.errors import CompileError, EdgecError, SamplesError
-from edgec.model import from_proto
-from edgec.plan import plan
-from edgec.profile import profile
-from edgec.quantize import (QuantizeSettings, Quantization, build_guarded, held_out_split,
+from edgec.core.model import from_proto
+from edgec.stages.plan import plan
+from edgec.stages.profile import profile
+from edgec.stages.quantize import (QuantizeSettings, Quantization, build_guarded, held_out_split,
                             quantize)
-from edgec.quantize import accuracy, schemes, simulate
-from edgec.quantize.layers import PRECISIONS, find_layers
-from edgec.reference import reference_session
+from edgec.stages.quantize import accuracy, schemes, simulate
+from edgec.core.quant_layers import PRECISIONS, find_layers
+from edgec.core.reference import reference_session
 from edgec.runtime import load
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 
 from conftest import write_samples
 
@@ -455,7 +455,7 @@ def test_fp16_builds_cuda_programs_in_half_precision():
     """fp16 on a CUDA target: the library holds the weights in half the bytes, the manifest
     records it (and, on a machine without a GPU, why the artifact was not measured); a CPU
     target is refused in one line."""
-    from edgec.compiler.codegen_cuda import find_nvcc
+    from edgec.compiler.backends.cuda import find_nvcc
 
     try:
         find_nvcc()
@@ -520,8 +520,8 @@ def test_cli_compile_quantize_writes_manifest_and_stage(tmp_path, capsys):
 
 
 def test_report_lines_name_the_fp32_layers_and_the_accuracy():
-    from edgec.bench import BenchResult
-    from edgec.report import _quantization_lines
+    from edgec.stages.bench import BenchResult
+    from edgec.stages.report import _quantization_lines
 
     model, target, prof, _ = _setup(small_cnn(), cnn_samples(6, 0))
     held_out = cnn_samples(4, 1)
@@ -542,7 +542,7 @@ def test_layers_without_an_int8_form_are_reported_fp32(monkeypatch):
     the manifest says fp32, and why."""
     import dataclasses
 
-    from edgec.compiler import codegen
+    from edgec.compiler.backends import llvm as codegen
 
     rules = codegen.dnnl_rules
     monkeypatch.setattr(codegen, "dnnl_rules",

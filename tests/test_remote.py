@@ -1,4 +1,4 @@
-"""``edgec.remote``: where a target's library runs. ``edgec run`` / ``edgec bench`` for a qemu
+"""``edgec.core.remote``: where a target's library runs. ``edgec run`` / ``edgec bench`` for a qemu
 target run its aarch64 library under qemu in the cross-compiled C++ host (numerics compared with
 the x86 library; timings marked as not meaningful). RPC targets are in ``test_rpc.py``.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec import remote, runtime, zoo
-from edgec.targets import load_target
+from edgec.core import remote, runtime, zoo
+from edgec.core.targets import load_target
 
 ARM = load_target("arm64-cortex-a72")
 

@@ -7,11 +7,11 @@ import zlib
 import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
-from edgec.bench import BenchResult, BenchSettings, bench
+from edgec.stages.bench import BenchResult, BenchSettings, bench
 from edgec.cli import main
-from edgec.model import from_proto
-from edgec.report import RegressionError, compare, parse_margin, report, summary_row
-from edgec.samples import Sample
+from edgec.core.model import from_proto
+from edgec.stages.report import RegressionError, compare, parse_margin, report, summary_row
+from edgec.core.samples import Sample
 
 
 @pytest.fixture(scope="module")

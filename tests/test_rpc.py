@@ -1,4 +1,4 @@
-"""Remote devices through TVM's RPC (``edgec.remote``): a tracker and a server on 127.0.0.1 (TVM's
+"""Remote devices through TVM's RPC (``edgec.core.remote``): a tracker and a server on 127.0.0.1 (TVM's
 own ``tvm.exec.rpc_tracker`` and ``tvm.exec.rpc_server``, subprocesses on free ports), a target
 file whose ``[run]`` section points at them, and ``edgec bench`` / ``edgec run`` through them.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec import remote, runtime, zoo
+from edgec.core import remote, runtime, zoo
 from edgec.errors import TargetError, ToolchainError
-from edgec.targets import load_target
+from edgec.core.targets import load_target
 
 KEY = "edgec-test"
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("tornado") is None,

@@ -9,7 +9,7 @@ import pytest
 from conftest import mlp_model
 from edgec import runtime
 from edgec.errors import ArtifactError, SamplesError
-from edgec.reference import reference_session
+from edgec.core.reference import reference_session
 
 
 def test_runs_specialized_and_fallback_shapes_matching_onnxruntime(mlp_artifact):
@@ -64,7 +64,7 @@ def test_runtime_never_loads_the_compiler(mlp_artifact):
         y = m.run({{"x": np.ones((1, 8, 16), np.float32)}})["y"]
         maps = open("/proc/self/maps").read()
         compiler_modules = [k for k in sys.modules if k == "tvm" or k.startswith("tvm.")
-                            or k in ("onnx", "onnxruntime", "edgec.compiler", "edgec.build")]
+                            or k in ("onnx", "onnxruntime", "edgec.compiler", "edgec.stages.build")]
         print(y.shape, "libtvm_compiler" in maps, compiler_modules, "torch" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
@@ -94,12 +94,12 @@ def test_aligned_copies_only_misaligned_or_strided_arrays():
 def test_out_of_range_indices_are_refused_before_the_kernel_sees_them(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed")], "g",

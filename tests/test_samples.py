@@ -3,8 +3,8 @@ import pytest
 
 from conftest import mlp_model, write_samples
 from edgec.errors import InputFileError, SamplesError
-from edgec.model import from_proto
-from edgec.samples import load_samples, sample_dims
+from edgec.core.model import from_proto
+from edgec.core.samples import load_samples, sample_dims
 
 MODEL = from_proto(mlp_model())
 

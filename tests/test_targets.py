@@ -1,7 +1,7 @@
 import pytest
 
 from edgec.errors import TargetError
-from edgec.targets import list_targets, load_target
+from edgec.core.targets import list_targets, load_target
 
 
 def test_host_target_is_listed_and_loads():

@@ -16,15 +16,15 @@ from torch.export import Dim, export  # noqa: E402
 from torch._higher_order_ops import while_loop  # noqa: E402
 
 from edgec import runtime  # noqa: E402
-from edgec.build import build  # noqa: E402
+from edgec.stages.build import build  # noqa: E402
 from edgec.cli import main  # noqa: E402
 from edgec.errors import InputFileError, ModelError  # noqa: E402
-from edgec.model import load_model  # noqa: E402
-from edgec.plan import plan  # noqa: E402
-from edgec.profile import profile  # noqa: E402
-from edgec.samples import Sample  # noqa: E402
-from edgec.targets import load_target  # noqa: E402
-from edgec.torch_program import from_program  # noqa: E402
+from edgec.core.model import load_model  # noqa: E402
+from edgec.stages.plan import plan  # noqa: E402
+from edgec.stages.profile import profile  # noqa: E402
+from edgec.core.samples import Sample  # noqa: E402
+from edgec.core.targets import load_target  # noqa: E402
+from edgec.core.torch_program import from_program  # noqa: E402
 
 from conftest import write_samples  # noqa: E402
 
@@ -299,12 +299,12 @@ def test_import_after_the_runtime_loaded_tvm_ffi_without_torch(tmp_path):
         assert "torch" not in sys.modules and "tvm_ffi" in sys.modules
         import torch
         from torch.export import Dim, export
-        from edgec.build import build
-        from edgec.plan import plan
-        from edgec.profile import profile
-        from edgec.samples import Sample
-        from edgec.targets import load_target
-        from edgec.torch_program import from_program
+        from edgec.stages.build import build
+        from edgec.stages.plan import plan
+        from edgec.stages.profile import profile
+        from edgec.core.samples import Sample
+        from edgec.core.targets import load_target
+        from edgec.core.torch_program import from_program
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh()).eval()
         program = export(net, (torch.randn(4, 8),), dynamic_shapes=({{0: Dim("b", min=1, max=64)}},))

@@ -20,13 +20,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import edgec.runtime
 from edgec import tune as tune_lib
-from edgec.build import build
+from edgec.stages.build import build
 from edgec.compiler import tuning_database
-from edgec.model import from_proto
-from edgec.plan import plan
-from edgec.profile import profile
-from edgec.samples import Sample
-from edgec.targets import load_target
+from edgec.core.model import from_proto
+from edgec.stages.plan import plan
+from edgec.stages.profile import profile
+from edgec.core.samples import Sample
+from edgec.core.targets import load_target
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = "x86_64"

@@ -402,14 +402,14 @@ def test_digits_samples_come_from_the_training_split_and_export_held_out(tmp_pat
 
 @pytest.mark.slow
 def test_digits_int8_static_keeps_held_out_accuracy_within_a_point(tmp_path):
-    from edgec.build import build
-    from edgec.model import from_proto
-    from edgec.plan import plan
-    from edgec.profile import profile
-    from edgec.quantize import QuantizeSettings, build_guarded, quantize
+    from edgec.stages.build import build
+    from edgec.core.model import from_proto
+    from edgec.stages.plan import plan
+    from edgec.stages.profile import profile
+    from edgec.stages.quantize import QuantizeSettings, build_guarded, quantize
     from edgec.runtime import load
-    from edgec.samples import Sample
-    from edgec.targets import load_target
+    from edgec.core.samples import Sample
+    from edgec.core.targets import load_target
 
     model = from_proto(_model("digits"), "digits")
     target = load_target("x86_64")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import ToolchainError
+from edgec.errors import ToolchainError
 
 NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 DNNL_INSTALL_HINT = "install libdnnl-dev: apt-get install libdnnl-dev"

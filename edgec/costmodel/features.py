@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..compiler.recurrent import native_loop_fits
-from ..model import Model, all_nodes, subgraphs
-from ..regions import RegionCut
-from ..targets import Target
+from edgec.compiler.importer.recurrent import native_loop_fits
+from edgec.core.model import Model, all_nodes, subgraphs
+from edgec.core.regions import RegionCut
+from edgec.core.targets import Target
 
 # How a region runs at a shape: its one symbolic function; its dispatch into a static copy; its
 # dispatch that finds none and runs the symbolic fallback; its dispatch that pads the inputs to a

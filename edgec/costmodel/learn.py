@@ -228,7 +228,7 @@ class Roofline:
 
 
 def make(name: str):
-    from .features import FEATURE_NAMES
+    from edgec.costmodel.features import FEATURE_NAMES
 
     core = [FEATURE_NAMES.index(n) for n in CORE_FEATURES]
     return {"ridge": Ridge, "ridge-core": lambda: Ridge(1.0, core), "gbdt": BoostedTrees,

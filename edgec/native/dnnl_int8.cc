@@ -1,4 +1,4 @@
-// oneDNN kernels for quantized layers of edgec model libraries (edgec/quantize/kernels.py writes
+// oneDNN kernels for quantized layers of edgec model libraries (edgec/compiler/transform/quantized.py writes
 // the calls; compiled and linked like dnnl_shim.cc, against libdnnl.so.2, oneDNN 2.x). Compiled
 // once per part, -DEDGEC_Q8_DENSE and -DEDGEC_Q8_CONV, with only the exports the program calls
 // (-DEDGEC_ONLY_LISTED, shim_common.h): each exported wrapper alone is 10-40 KB of code.

@@ -1,7 +1,7 @@
 // oneDNN kernels for edgec model libraries: convolution and dense matmul over DLTensor.
 //
 // The Relax program calls these by name through `call_dps_packed`; each function's argument
-// list is documented in edgec/compiler/library_dispatch.py, which writes the calls. This file is
+// list is documented in edgec/compiler/transform/library_offload.py, which writes the calls. This file is
 // compiled -fPIC (edgec/compiler/native.py) and linked into the exported model library, against
 // libdnnl.so.2 (oneDNN 2.x, Debian's libdnnl-dev).
 //

@@ -4,7 +4,7 @@
 // TVM 0.27 lowers `relax.nonzero` and `relax.unique` to calls of "relax.run.nonzero" and
 // "relax.run.unique", functions registered by TVM's *Python* package: a runtime-only install or a
 // C/C++ host does not have them. edgec renames those calls to the functions below
-// (edgec/compiler/runtime_kernels.py) and links this file into every model library that needs
+// (edgec/compiler/transform/native_kernels.py) and links this file into every model library that needs
 // them, so the artifact runs wherever libtvm_runtime does. Semantics follow numpy, as TVM's
 // Python versions do.
 

@@ -1,7 +1,7 @@
 // XNNPACK kernels for edgec model libraries on Arm: convolution and dense matmul over DLTensor.
 //
 // The Relax program calls these by name through `call_dps_packed`, with the argument lists of
-// the oneDNN shim (dnnl_shim.cc; edgec/compiler/library_dispatch.py writes the calls). This file
+// the oneDNN shim (dnnl_shim.cc; edgec/compiler/transform/library_offload.py writes the calls). This file
 // is compiled -fPIC with the target's cross compiler (edgec/compiler/native.py) and linked into
 // the exported model library against libXNNPACK.so.0 and libpthreadpool.so.0 (Debian's
 // libxnnpack-dev and libpthreadpool-dev for arm64, XNNPACK of February 2022: operators are
@@ -14,7 +14,7 @@
 // setup and run change it, so each runs under its own mutex; one VM (or several) may call from
 // any thread.
 //
-// Weight-only int8 layers (`edgec_xnn_q8_*_w8`, written by edgec/quantize/kernels.py) pass the
+// Weight-only int8 layers (`edgec_xnn_q8_*_w8`, written by edgec/compiler/transform/quantized.py) pass the
 // weight as int8 with one float scale per output channel, after the weight: it is dequantized
 // when the operator is made, so the library stores a byte per weight and every call costs what
 // fp32 costs (as dnnl_int8.cc's `_w8` functions on x86).

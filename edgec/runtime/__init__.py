@@ -21,11 +21,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
-from . import dtypes
-from .artifact import Artifact
-from .linked import bind_linked_functions
-from .signature import TensorSpec, bind_inputs
+from edgec.errors import ArtifactError, OutputFileError, SamplesError, ToolchainError, describe
+from edgec.runtime import dtypes
+from edgec.runtime.artifact import Artifact
+from edgec.runtime.linked import bind_linked_functions
+from edgec.runtime.signature import TensorSpec, bind_inputs
 
 __all__ = ["Model", "load", "host_arch", "TensorSpec"]
 
@@ -398,7 +398,7 @@ def open_artifact(path: str | Path, require_signature: Any = None) -> Artifact:
     names a public key, its signature); nothing native is loaded."""
     artifact = Artifact.load(path)
     if require_signature is not None:
-        from ..signing import verify_artifact  # imports cryptography, needed only here
+        from edgec.signing import verify_artifact  # imports cryptography, needed only here
 
         verify_artifact(artifact, require_signature, str(path))
     return artifact

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import ArtifactError, InputFileError, describe
+from edgec.errors import ArtifactError, InputFileError, describe
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -92,7 +92,7 @@ class Artifact:
         return cls(manifest, files, signature, stored_manifest)
 
     def save(self, path: str | Path) -> Path:
-        from ..fileio import write_bytes  # the writer side only; the loader needs no file writes
+        from edgec.fileio import write_bytes  # the writer side only; the loader needs no file writes
 
         return write_bytes(path, self.to_bytes())
 

@@ -19,7 +19,7 @@ import ctypes
 import threading
 from typing import Any
 
-from ..errors import ArtifactError
+from edgec.errors import ArtifactError
 
 _RTLD_NOW = 2
 _RTLD_NOLOAD = 4  # glibc: only return a handle if the library is already loaded

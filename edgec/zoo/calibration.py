@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from . import data
-from .builders import FLOAT, GraphBuilder, he_normal, linear, make_model, small_normal, value_info
+from edgec.zoo import data
+from edgec.zoo.builders import FLOAT, GraphBuilder, he_normal, linear, make_model, small_normal, value_info
 
 Samples = list[dict[str, np.ndarray]]
 

@@ -1,0 +1,428 @@
+"""The bench stage: latency, accuracy and size of an artifact beside its baselines, in the same run.
+
+edgec and each baseline run one after the other (never interleaved; onnxruntime's threads do not
+spin), each with its warm-up, on the same samples. Latencies are per call, wall clock; ratios are
+edgec's median over the baseline's median, so machine noise that hits both cancels out.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from edgec.core import remote
+from edgec import runtime
+from edgec.errors import EdgecError
+from edgec.fileio import load_json_value, save_json_value
+from edgec.core.model import Model
+from edgec.stages.plan import check_matches
+from edgec.core.provenance import tool_versions
+from edgec.core.reference import reference_session
+from edgec.core.samples import Sample, sample_dims
+
+BENCH_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How many calls to make per sample, and with how many threads."""
+
+    runs: int = 10
+    warmup: int = 2
+    threads: int = 2
+
+    def check(self) -> None:
+        if self.runs < 1 or self.warmup < 0 or self.threads < 1:
+            raise EdgecError("--runs and --threads must be at least 1, --warmup at least 0")
+
+
+def latency_stats(samples_ms: list[float]) -> dict[str, float]:
+    """Percentiles and moments of a list of latencies in milliseconds."""
+    values = np.asarray(samples_ms, dtype=np.float64)
+    pct = np.percentile(values, [50, 90, 99])
+    return {
+        "p50_ms": round(float(pct[0]), 4), "p90_ms": round(float(pct[1]), 4),
+        "p99_ms": round(float(pct[2]), 4), "mean_ms": round(float(values.mean()), 4),
+        "std_ms": round(float(values.std()), 4), "min_ms": round(float(values.min()), 4),
+        "max_ms": round(float(values.max()), 4), "runs": int(values.size),
+    }
+
+
+def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, float]:
+    """Max abs difference, the same relative to the reference's scale, and cosine similarity.
+
+    Taken over every output; a shape mismatch, or NaN/Inf where the reference has none (or the
+    other way round), counts as infinitely wrong.
+    """
+    max_abs, max_rel, cosine_min = 0.0, 0.0, 1.0
+    for name, ref in expected.items():
+        got = actual[name]
+        if got.shape != ref.shape:
+            return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine_min": -1.0}
+        ref64 = ref.astype(np.float64).ravel()
+        got64 = got.astype(np.float64).ravel()
+        if ref64.size == 0:
+            continue
+        finite = np.isfinite(ref64) & np.isfinite(got64)
+        if not finite.all():
+            # NaN and Inf (from NaN/Inf inputs) must sit at the same places with the same value;
+            # the finite rest is then compared as usual.
+            if not np.array_equal(ref64[~finite], got64[~finite], equal_nan=True):
+                max_abs, max_rel, cosine_min = float("inf"), float("inf"), -1.0
+                continue
+            ref64, got64 = ref64[finite], got64[finite]
+            if ref64.size == 0:
+                continue
+        diff = float(np.abs(got64 - ref64).max())
+        scale = max(float(np.abs(ref64).max()), 1e-12)
+        norms = float(np.linalg.norm(ref64) * np.linalg.norm(got64))
+        cosine = float(ref64 @ got64 / norms) if norms > 0 else (1.0 if diff == 0 else 0.0)
+        max_abs, max_rel = max(max_abs, diff), max(max_rel, diff / scale)
+        cosine_min = min(cosine_min, cosine)
+    return {"max_abs": max_abs, "max_rel": max_rel, "cosine_min": cosine_min}
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Measurements of one artifact on one machine. ``data`` is the saved JSON document."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def save(self, path: str | Path) -> Path:
+        return save_json_value(path, "bench", BENCH_VERSION, self.data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BenchResult":
+        doc = load_json_value(path, "bench", BENCH_VERSION)
+        return cls({k: v for k, v in doc.items() if k not in ("kind", "format_version")})
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core count and OS of this machine."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "machine": platform.machine(),
+            "system": platform.system()}
+
+
+def _shape_key(dims: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(dims.items())) or "static"
+
+
+def git_commit() -> str:
+    """The commit of the edgec checkout this code runs from, or "" outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def _find_shared_library(name: str) -> Path | None:
+    """Where the dynamic loader would find ``name`` (e.g. ``libdnnl.so.2``), from ldconfig's cache."""
+    try:
+        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in listing.splitlines():
+        if line.strip().startswith(name + " ") and "=>" in line:
+            return Path(line.split("=>", 1)[1].strip())
+    return None
+
+
+def runtime_footprint(library: dict[str, Any]) -> dict[str, int]:
+    """Bytes of the shared libraries a device needs to run this library, by file name."""
+    import tvm_ffi.libinfo
+
+    files = {path.name: path for path in runtime.runtime_libraries()}
+    files["libtvm_ffi.so"] = Path(tvm_ffi.libinfo.find_libtvm_ffi())
+    for dependency in library.get("native_dependencies", []):
+        found = _find_shared_library(dependency)
+        if found is not None:
+            files[dependency] = found
+    return {name: path.resolve().stat().st_size for name, path in files.items() if path.exists()}
+
+
+def top1_agreement(actual: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Per float output with a class axis (last dim > 1): how often the argmax agrees."""
+    agreement = {}
+    for name, ref in expected[0].items():
+        if ref.dtype.kind != "f" or ref.ndim == 0 or ref.shape[-1] < 2:
+            continue
+        hits = total = 0
+        for got, want in zip(actual, expected):
+            if got[name].shape != want[name].shape:
+                continue
+            same = np.argmax(got[name], axis=-1) == np.argmax(want[name], axis=-1)
+            hits += int(same.sum())
+            total += same.size
+        agreement[name] = round(hits / total, 6) if total else 0.0
+    return agreement
+
+
+class _Progress:
+    """One line on stderr updated in place, only when stderr is a terminal."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.label, self.done = total, label, 0
+        self.enabled = sys.stderr.isatty()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            sys.stderr.write(f"\r{self.label} {self.done}/{self.total} {what[:40]:40s}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings: BenchSettings,
+             progress: _Progress, name: str) -> tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]:
+    """Latency per call grouped by shape, and the outputs of the last call on each sample."""
+    per_shape: dict[str, list[float]] = defaultdict(list)
+    outputs = []
+    for sample, shape in zip(samples, shapes):
+        for _ in range(settings.warmup):
+            call(sample.arrays)
+        for _ in range(settings.runs):
+            start = time.perf_counter()
+            out = call(sample.arrays)
+            per_shape[shape].append((time.perf_counter() - start) * 1e3)
+        outputs.append({k: np.array(v) for k, v in out.items()})
+        progress.step(f"{name} {sample.name}")
+    return per_shape, outputs
+
+
+def time_calls(call: Callable, model: Model, samples: list[Sample], settings: BenchSettings,
+               name: str) -> tuple[dict[str, float], list[dict[str, np.ndarray]]]:
+    """One system alone, with this module's timer: its latency stats over every measured call, and
+    its outputs per sample. For comparisons that run each system in a process of its own."""
+    settings.check()
+    shapes = [_shape_key(sample_dims(model, s)) for s in samples]
+    progress = _Progress(len(samples), name)
+    per_shape, outputs = _measure(call, samples, shapes, settings, progress, name)
+    progress.close()
+    return latency_stats([t for ts in per_shape.values() for t in ts]), outputs
+
+
+def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[str],
+                    edgec_per_shape: dict[str, list[float]], settings: BenchSettings) -> list[dict[str, Any]]:
+    """Per region and shape: the measured time of the function the plan runs there, next to the
+    time the plan predicted (``None`` when it was made without a cost model).
+
+    A plan of several regions is timed region by region (each region's function called alone on
+    the inputs the regions before it produced); a one-region plan's time is ``main``'s.
+    """
+    from edgec.costmodel.decide import dims_key
+    from edgec.core.regions import cut_regions
+
+    if not isinstance(compiled, runtime.Model):
+        return []  # only a local VM's times are the cost model's (not RPC's, not qemu's)
+    regions = compiled.manifest.get("plan", {}).get("regions", [])
+    cuts = cut_regions(model)
+    if not regions or len(cuts) != len(regions):
+        return []
+    multi = any(r.get("inputs") for r in regions)
+    built = {f["name"] for f in compiled.manifest["libraries"][compiled.target]["functions"]}
+    if multi and not all(r["name"] in built for r in regions):
+        return []  # the build compiled the model whole (see build.build): no region to time
+    rows = []
+    for sample, shape in zip(samples, shapes):
+        if any(row["shape"] == shape for row in rows):
+            continue
+        dims = sample_dims(model, sample)
+        if multi:
+            args = compiled.to_device_args(sample.arrays)
+            env = {spec.name: arg for spec, arg in zip(compiled.inputs, args)}
+            times = []
+            for region in regions:
+                function = compiled._vm[region["name"]]
+                region_args = [env[name] for name in region["inputs"]]
+                result = function(*region_args)
+                outs = [result] if len(region["outputs"]) == 1 else [result[i] for i in range(len(region["outputs"]))]
+                env.update(zip(region["outputs"], outs))
+                for _ in range(settings.warmup):
+                    function(*region_args)
+                calls = []
+                for _ in range(settings.runs):
+                    start = time.perf_counter()
+                    function(*region_args)
+                    calls.append((time.perf_counter() - start) * 1e3)
+                times.append(float(np.median(calls)))
+        else:
+            times = [float(np.median(edgec_per_shape[shape]))]
+        for index, (region, ms) in enumerate(zip(regions, times)):
+            specs = region.get("specializations", [])
+            hit = any(all(dims.get(d) == v for d, v in spec.items()) for spec in specs)
+            option = "symbolic" if not specs else "specialized" if hit else "fallback"
+            rows.append({"region": region["name"], "region_index": index, "shape": shape,
+                         "dims": dims, "option": option,
+                         "measured_ms": round(ms, 5),
+                         "predicted_ms": region.get("predicted_ms", {}).get(dims_key(dims))})
+    return rows
+
+
+def record_measurements(target_name: str, model: Model, rows: list[dict[str, Any]],
+                        threads: int) -> None:
+    """Append bench's per-region timings to the target's measurement store."""
+    from edgec.costmodel.features import region_features
+    from edgec.costmodel.store import append_measurements
+    from edgec.core.regions import cut_regions
+    from edgec.core.targets import load_target
+
+    target = load_target(target_name)
+    cuts = cut_regions(model)
+    append_measurements(target, [{
+        "kind": "region", "model": model.name, "model_sha256": model.sha256, "target": target.name,
+        "region": row["region"], "region_index": row["region_index"],
+        "boundary": cuts[row["region_index"]].boundary, "nodes": len(cuts[row["region_index"]].nodes),
+        "option": row["option"], "dims": row["dims"],
+        "features": region_features(model, cuts[row["region_index"]], row["dims"], row["option"], target),
+        "ms": row["measured_ms"], "predicted_ms": row["predicted_ms"], "threads": threads,
+        "source": "bench", "pass": 0,
+    } for row in rows])
+
+
+BASELINES = ("onnxruntime", "onnxruntime-1t", "tvm-plain")
+
+
+def _plain_tvm_build(model: Model, target_name: str, tmp: Path) -> Callable:
+    """The same model built by TVM with no plan (symbolic, no specialization), loaded to run."""
+    from edgec.stages.build import build
+    from edgec.stages.plan import Plan, PlanSettings, Region
+    from edgec.core.targets import load_target
+
+    target = load_target(target_name)
+    nodes = [n.name for n in model.proto.graph.node]
+    plain = Plan(model.name, model.sha256, target.name, PlanSettings(policy="symbolic"),
+                 [Region("main", nodes, "symbolic" if model.dynamic_dims else "static", [],
+                         bool(model.dynamic_dims), [], "baseline: TVM without edgec's plan")], 0.0)
+    path = build(model, plain, [target]).save(tmp / "tvm-plain.edgec")
+    return runtime.load(path).run
+
+
+def bench(
+    artifact_path: str | Path,
+    model: Model,
+    samples: list[Sample],
+    settings: BenchSettings = BenchSettings(),
+    target: str | None = None,
+    baselines: tuple[str, ...] = ("onnxruntime", "onnxruntime-1t"),
+    require_signature: Any = None,
+) -> BenchResult:
+    """Benchmark the artifact at ``artifact_path`` against baselines running ``model``.
+
+    ``model`` must be the model the artifact was built from. Each system runs every sample
+    ``warmup`` times unmeasured, then ``runs`` times measured; systems run one after the other,
+    edgec first. ``onnxruntime`` (``settings.threads`` threads) is always measured: accuracy and
+    the ratio are against it. Other baselines: ``onnxruntime-1t`` (one thread) and ``tvm-plain``
+    (the same model built by TVM with no plan, which compiles it here).
+    """
+    settings.check()
+    unknown = sorted(set(baselines) - set(BASELINES))
+    if unknown:
+        raise EdgecError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
+    if not samples:
+        raise EdgecError("no samples to bench; pass at least one .npz file")
+    if model.proto is None:
+        raise EdgecError(f"'{model.name}' is a PyTorch program; edgec bench compares against "
+                         f"onnxruntime and needs the ONNX model: pass --model MODEL.onnx")
+    start = time.perf_counter()
+    # Where the target file says: here, on a device behind an RPC tracker, or under qemu.
+    compiled = remote.load(artifact_path, target=target, threads=settings.threads,
+                           require_signature=require_signature)
+    load_ms = (time.perf_counter() - start) * 1e3
+    check_matches(model, compiled.manifest["model"]["sha256"], "build")
+    shapes = [_shape_key(sample_dims(model, s)) for s in samples]
+    systems = ["edgec", "onnxruntime"] + [b for b in baselines if b != "onnxruntime"]
+    progress = _Progress(len(samples) * len(systems), "bench")
+    measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
+    measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
+    region_rows = _region_timings(compiled, model, samples, shapes, measured["edgec"][0], settings)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with tempfile.TemporaryDirectory(prefix="edgec-bench-") as tmp:
+        for name in systems[1:]:
+            if name == "tvm-plain":
+                call = _plain_tvm_build(model, compiled.target, Path(tmp))
+            else:
+                threads = 1 if name == "onnxruntime-1t" else settings.threads
+                call = reference_session(model.proto, threads=threads).run
+            measured[name] = _measure(call, samples, shapes, settings, progress, name)
+    progress.close()
+
+    reference_outputs = measured["onnxruntime"][1]
+    rows = [compare_outputs(got, ref) for got, ref in zip(measured["edgec"][1], reference_outputs)]
+    accuracy = {
+        "max_abs": max(r["max_abs"] for r in rows),
+        "max_rel": max(r["max_rel"] for r in rows),
+        "cosine_min": min(r["cosine_min"] for r in rows),
+        "top1_agreement": top1_agreement(measured["edgec"][1], reference_outputs),
+        "per_sample": [{"sample": s.name, **r} for s, r in zip(samples, rows)],
+    }
+    summary = {name: latency_stats([t for ts in per_shape.values() for t in ts])
+               for name, (per_shape, _) in measured.items()}
+    per_shape_rows = []
+    for shape in dict.fromkeys(shapes):
+        stats = {name: latency_stats(per_shape[shape]) for name, (per_shape, _) in measured.items()}
+        per_shape_rows.append({
+            "shape": shape, "samples": shapes.count(shape), **stats,
+            "ratio_p50": _ratio(stats["edgec"], stats["onnxruntime"]),
+        })
+    library = compiled.manifest["libraries"][compiled.target]
+    footprint = runtime_footprint(library)
+    data = {
+        "model": compiled.manifest["model"]["name"],
+        "artifact": str(artifact_path),
+        "target": compiled.target,
+        "run": {"mode": remote.run_mode(target), "device": compiled.device,
+                "timing": remote.TIMING[remote.run_mode(target)]},
+        "edgec": summary["edgec"],
+        "onnxruntime": summary["onnxruntime"],
+        "ratio_p50": _ratio(summary["edgec"], summary["onnxruntime"]),
+        "baselines": {name: {**summary[name], "ratio_p50": _ratio(summary["edgec"], summary[name])}
+                      for name in systems[1:]},
+        "accuracy": accuracy,
+        "artifact_bytes": Path(artifact_path).stat().st_size,
+        "library_bytes": library["bytes"],
+        "runtime_bytes": sum(footprint.values()),
+        "runtime_files": footprint,
+        "load_ms": round(load_ms, 3),
+        "peak_rss_mb": round(peak_rss_mb, 1),
+        "per_shape": per_shape_rows,
+        "regions": region_rows,
+        "plan": compiled.manifest.get("plan", {}),
+        "quantization": compiled.manifest.get("quantization", {"mode": "none"}),
+        "settings": vars(settings),
+        "samples": len(samples),
+        "machine": {**machine_info(), "threads": settings.threads},
+        "versions": tool_versions(),
+        "git_commit": git_commit(),
+    }
+    return BenchResult(data)
+
+
+def _ratio(edgec: dict[str, float], other: dict[str, float]) -> float | None:
+    return round(edgec["p50_ms"] / other["p50_ms"], 4) if other["p50_ms"] > 0 else None

@@ -1,0 +1,185 @@
+"""The build stage: lower a model as its plan says into one library per target, packed as an artifact."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from edgec.compiler.backends.llvm import codegen_for
+from edgec.compiler.transform.shape_dispatch import add_shape_dispatch, lower_regions, pad_spec, region_functions
+from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.transform.value_dispatch import add_value_dispatch
+from edgec.errors import EdgecError, ModelError, describe
+from edgec.core.model import Model
+from edgec.stages.plan import Plan, check_matches
+from edgec.core.provenance import tool_versions
+from edgec.stages.quantize import Quantization
+from edgec.compiler.transform.quantized import library_rewrite
+from edgec.compiler.transform.fp16 import fp16_rewrite
+from edgec.runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
+from edgec.runtime.signature import TensorSpec
+from edgec.core.targets import Target
+
+
+def _functions(plan: Plan) -> list[dict[str, Any]]:
+    """The VM functions the build creates, as ``edgec inspect`` shows them."""
+    if plan.multi_region:
+        return [{"name": "main", "kind": "calls regions"}] + region_functions(plan.regions)
+    region = plan.regions[0]
+    if region.mode == "static":
+        return [{"name": "main", "kind": "static"}]
+    functions = [{"name": "main", "kind": "dispatch" if region.specializations else "symbolic"}]
+    if region.padding.get("used") and region.specializations:
+        functions[0]["pads"] = list(region.padding["dims"])
+    functions += [
+        {"name": f"spec_{i}", "kind": "specialized", "dims": s["dims"], "share": s["share"]}
+        for i, s in enumerate(region.specializations)
+    ]
+    if region.specializations:
+        functions.append({"name": "generic", "kind": "symbolic fallback"})
+    return functions
+
+
+def _import(model: Model, constants: dict[str, Any], native_loops: bool) -> Any:
+    """The model as a Relax module, through the frontend of its kind; ``constants`` are the inputs
+    the plan fixed (found by the ONNX profile only); ``native_loops``: see ``import_onnx``."""
+    if model.kind == "torch":
+        from edgec.compiler.importer.from_torch import import_torch  # torch is an optional extra
+
+        return import_torch(model)
+    return import_onnx(model, constants, native_loops=native_loops)
+
+
+def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
+    """The model's inputs, those the plan fixed carrying the value they are compiled for."""
+    specs = []
+    for spec in model.inputs:
+        fixed = plan.constant_inputs.get(spec.name)
+        if fixed is not None:
+            spec = dataclasses.replace(spec, fixed_shape=tuple(fixed["shape"]),
+                                       fixed_value=tuple(fixed["value"]))
+        specs.append(spec)
+    return specs
+
+
+def _programs(model: Model, plan: Plan, native_loops: bool) -> list[tuple[list[TensorSpec], Any]]:
+    """The Relax modules to try compiling, best first, each with the inputs as the manifest
+    records them.
+
+    Inputs the plan fixed are compiled as their values. When the model also imports without
+    them, the first choice is a ``main`` that falls back to that general program for other
+    values (nothing to refuse); the second, and the only one otherwise, is the fixed program
+    alone, whose manifest marks the inputs ``fixed`` so the runtimes refuse other values.
+    """
+    inputs = fixed_inputs(model, plan)
+    constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
+    fixed = _import(model, constants, native_loops)
+    if not constants or any(isinstance(d, str) for s in inputs if s.name in constants for d in s.dims):
+        return [(inputs, fixed)]  # a value check needs the input's shape fixed too
+    try:
+        general = import_onnx(model, native_loops=native_loops)
+    except ModelError:  # no general path
+        return [(inputs, fixed)]
+    return [(list(model.inputs), add_value_dispatch(fixed, general, constants)), (inputs, fixed)]
+
+
+def _compile(mod: Any, targets: list[Target], rewrite: Any) -> list[tuple[Any, Any]]:
+    """Each target's codegen and the library it compiled ``mod`` into (``rewrite``: quantization's
+    library rewrite, or None)."""
+    compiled = []
+    for target in targets:
+        codegen = codegen_for(target)
+        compiled.append((codegen, codegen.compile(mod, target, library_rewrite=rewrite)))
+    return compiled
+
+
+def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given",
+          quantization: Quantization | None = None, exact_dispatch: bool = False) -> Artifact:
+    """Compile ``model`` for each target as ``plan`` says and return the artifact.
+
+    One VM program per target holds the shape-specialized functions, the dispatch in ``main``
+    that picks one or falls back to the symbolic function, and the weights. ``targets_chosen``
+    says in the manifest how the targets were picked ("given", or why edgec picked them).
+    ``quantization`` (the quantize stage's result) turns its layers into int8 kernels and int8
+    weights. ``exact_dispatch`` also keeps, beside a padding dispatch, the dispatch without its
+    buckets (``NAME__exact``; ``costmodel collect`` times both).
+    """
+    check_matches(model, plan.model_sha256, "plan")
+    if not targets:
+        raise EdgecError("no target given; pass --target (see `edgec targets`)")
+    rewrite = None
+    rewritten: dict[str, int] = {}
+    if quantization is not None and quantization.active:
+        check_matches(model, quantization.model_sha256, "quantize")
+        if quantization.settings.mode == "fp16":
+            rewrite = fp16_rewrite([l["name"] for l in quantization.layers
+                                    if l["precision"] == "fp16"], rewritten)
+        else:
+            rewrite = library_rewrite(model.proto, quantization.decisions(),
+                                      quantization.settings.scheme, rewritten)
+    functions = _functions(plan)
+    # edgec's native loops (recurrent layers) run on the CPU: not in a module built for a GPU.
+    native_loops = all(target.kind == "llvm" for target in targets)
+    if plan.multi_region:
+        inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole
+        try:
+            mod = lower_regions(model, [
+                {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
+                 "specializations": [s["dims"] for s in r.specializations],
+                 "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions],
+                native_loops=native_loops)
+        except (ModelError, ValueError) as exc:
+            # A region that does not import alone (an op needing a constant another region
+            # computes) must not cost the model: compile it whole, symbolic, and say so.
+            mod = _import(model, {}, native_loops)
+            functions = [{"name": "main", "kind": "symbolic",
+                          "note": f"regions not lowered separately: {describe(exc)}"}]
+        compiled = _compile(mod, targets, rewrite)
+    else:
+        specializations = [s["dims"] for s in plan.regions[0].specializations]
+        programs = _programs(model, plan, native_loops)
+        for attempt, (inputs, mod) in enumerate(programs):
+            try:
+                padding = pad_spec(plan.regions[0].padding, [i.name for i in inputs],
+                                   [o.name for o in model.outputs])
+                compiled = _compile(add_shape_dispatch(mod, specializations, padding=padding,
+                                                       exact_dispatch=exact_dispatch),
+                                    targets, rewrite)
+                break
+            except EdgecError:  # the general fallback may not compile: keep only the fixed program
+                if attempt == len(programs) - 1:
+                    raise
+    libraries: dict[str, Any] = {}
+    files: dict[str, bytes] = {}
+    for target, (codegen, library) in zip(targets, compiled):
+        file = f"lib/{target.name}.so"
+        files[file] = library.data
+        libraries[target.name] = {
+            "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
+            "arch": target.arch, "cpu_features": list(target.cpu_features),
+            "kind": target.kind, "device": codegen.device,
+            # Where kernels run; the VM's control flow and shape dispatch always run on the CPU.
+            "placement": {"kernels": codegen.device, "control_flow": "cpu"},
+            "tvm_target": target.tvm, "functions": functions,
+            "native_dependencies": library.native_dependencies,
+            "tuning": library.tuning,
+            "tvm_kernels_parallel": library.tvm_kernels_parallel,
+            "vm_exec_mode": library.vm_exec_mode,
+            "linked_functions": library.linked_functions,
+        }
+    if rewrite is not None:
+        quantization.mark_not_compiled(rewritten)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "model": {"name": model.name, "sha256": model.sha256, "opset": model.opset,
+                  "source": model.path},
+        "inputs": [s.to_json() for s in inputs],
+        "outputs": [s.to_json() for s in model.outputs],
+        "plan": plan.summary(),
+        "quantization": (quantization.manifest() if quantization is not None
+                         and quantization.settings.mode != "none" else {"mode": "none"}),
+        "libraries": libraries,
+        "targets_chosen": targets_chosen,
+        "versions": tool_versions(),
+    }
+    return Artifact(manifest, files)

@@ -1,0 +1,429 @@
+"""The quantize stage, between plan and build: which layers run in int8, how, and whether the
+result stays within an accuracy budget.
+
+Modes (``edgec compile --quantize``):
+
+- ``int8-weight``: weights stored int8 (per output channel, symmetric); the kernels dequantize
+  each weight once, on its first call, and run fp32 arithmetic. A quarter of the weight bytes,
+  fp32 speed and near-fp32 accuracy.
+- ``int8-dynamic``: dense layers quantize their input per call (its min and max) and run u8 x s8
+  integer matmuls; convolutions and embeddings are weight-only.
+- ``int8-static``: dense and conv layers quantize their input with parameters calibrated from the
+  profile's activation ranges (``--calibration percentile|minmax|entropy``, ``--quant-scheme
+  asymmetric|symmetric``); layers with no recorded range fall back to dynamic (dense) or
+  weight-only (conv); embeddings are weight-only.
+- ``auto``: each layer starts at its most compact arithmetic (static, then dynamic, weight-only,
+  fp32) and the guard moves the most sensitive ones down a step at a time until the budget
+  holds. Then cost decides: integer arithmetic pays only on large enough layers (the zoo
+  transformer's 64-wide matmuls: int8-dynamic 1.05x fp32, int8-static 1.0x; squeezenet's
+  convolutions: int8-static 0.70x), so the build also compiles the
+  variant with every integer layer weight-only, times both on the held-out samples in the same
+  run, and keeps the faster one within budget; ``cost`` records both timings.
+- ``fp16``: for CUDA targets (the first ``--target`` must be one): their programs' matmuls,
+  convolutions and the ops between in half precision with fp32 accumulation
+  (``edgec.compiler.transform.fp16``); a CPU target in the same artifact stays fp32. All or nothing: over
+  budget (simulated), every layer stays fp32. The artifact is measured on this machine's GPU,
+  or the manifest says why not.
+
+The accuracy guard compares against fp32 (onnxruntime on the original model) on held-out samples:
+lowest cosine and max abs per output, top-1 agreement for classifier outputs; ``drop`` (see
+``accuracy.compare``) must not exceed ``--max-accuracy-drop``. It ranks layers by sensitivity
+(the drop with only that layer quantized, simulated in the ONNX graph by onnxruntime), keeps the
+most sensitive in fp32 (or, for ``auto``, at a safer precision) until the simulated drop is within
+budget, then measures the compiled artifact; should that exceed the budget, it demotes further and
+rebuilds. The manifest and the report list the layers kept in fp32 and both measurements.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from edgec.errors import CompileError, EdgecError, SamplesError
+from edgec.fileio import load_json_value, save_json_value
+from edgec.core.model import Model
+from edgec.stages.plan import check_matches
+from edgec.stages.profile import Profile
+from edgec.core.provenance import tool_versions
+from edgec.core.reference import reference_session
+from edgec.core.samples import Sample
+from edgec.core.targets import Target
+from edgec.stages.quantize import accuracy
+from edgec.stages.quantize import simulate
+from edgec.core.quant_layers import PRECISIONS, Layer, find_layers
+from edgec.core.quant_schemes import CALIBRATIONS, SCHEMES, ActivationParams, activation_params
+
+MODES = ("none", "int8-weight", "int8-dynamic", "int8-static", "fp16", "auto")
+QUANTIZE_VERSION = 1
+# A compiled artifact over budget (the simulation was optimistic) is rebuilt at most this often.
+MAX_REBUILDS = 2
+
+__all__ = ["MODES", "QuantizeSettings", "Quantization", "quantize", "build_guarded",
+           "held_out_split"]
+
+
+@dataclass(frozen=True)
+class QuantizeSettings:
+    """The knobs of the quantize stage; saved with its result."""
+
+    mode: str = "none"
+    max_accuracy_drop: float = 0.01
+    calibration: str = "percentile"
+    scheme: str = "asymmetric"
+
+    def check(self) -> None:
+        if self.mode not in MODES:
+            raise EdgecError(f"unknown quantize mode '{self.mode}'; known: {', '.join(MODES)}")
+        if not 0.0 <= self.max_accuracy_drop <= 1.0:
+            raise EdgecError("--max-accuracy-drop must lie between 0 and 1 (0.01 = 1%)")
+        if self.calibration not in CALIBRATIONS:
+            raise EdgecError(f"unknown calibration '{self.calibration}'; known: {', '.join(CALIBRATIONS)}")
+        if self.scheme not in SCHEMES:
+            raise EdgecError(f"unknown quantization scheme '{self.scheme}'; known: {', '.join(SCHEMES)}")
+
+
+@dataclass
+class Quantization:
+    """The quantize stage's result: a precision per layer and the accuracy it was measured at.
+
+    ``layers``: per quantizable layer, ``name``, ``op``, ``kind``, ``precision``, ``activation``
+    (uint8 scale and zero, static layers), ``sensitivity`` (simulated drop with only this layer
+    quantized) and ``reason``. ``accuracy``: ``simulated`` (onnxruntime, fake-quantized graph)
+    and, once built, ``measured`` (the compiled artifact), each as ``accuracy.compare`` returns.
+    """
+
+    model_name: str
+    model_sha256: str
+    settings: QuantizeSettings
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=tool_versions)
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return any(layer["precision"] != "fp32" for layer in self.layers)
+
+    def decisions(self) -> dict[str, dict[str, Any]]:
+        return {layer["name"]: layer for layer in self.layers}
+
+    def fp32_layers(self) -> list[str]:
+        return [layer["name"] for layer in self.layers if layer["precision"] == "fp32"]
+
+    def mark_not_compiled(self, rewritten: dict[str, int]) -> None:
+        """Record as fp32 the quantized layers the build found no int8 form for (``rewritten``:
+        calls rewritten per layer), e.g. a convolution the library does not run."""
+        for layer in self.layers:
+            if layer["precision"] != "fp32" and not rewritten.get(layer["name"]):
+                layer["reason"] = (f"fp32: planned {layer['precision']}, but the compiled program "
+                                   f"has no int8 form of it (a layer the library does not run)")
+                layer["precision"] = "fp32"
+                layer["activation"] = None
+
+    def manifest(self) -> dict[str, Any]:
+        """The part an artifact's manifest keeps."""
+        return {
+            "mode": self.settings.mode, "calibration": self.settings.calibration,
+            "scheme": self.settings.scheme, "max_accuracy_drop": self.settings.max_accuracy_drop,
+            "layers": [{k: layer[k] for k in ("name", "op", "precision", "reason")}
+                       for layer in self.layers],
+            "fp32_layers": self.fp32_layers(), "accuracy": self.accuracy,
+            **({"cost": self.cost} if self.cost else {}),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        payload = {"model": {"name": self.model_name, "sha256": self.model_sha256},
+                   "settings": vars(self.settings), "layers": self.layers,
+                   "accuracy": self.accuracy, "cost": self.cost, "versions": self.versions}
+        return save_json_value(path, "quantize", QUANTIZE_VERSION, payload)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Quantization":
+        doc = load_json_value(path, "quantize", QUANTIZE_VERSION)
+        return cls(doc["model"]["name"], doc["model"]["sha256"],
+                   QuantizeSettings(**doc["settings"]), doc["layers"], doc["accuracy"],
+                   doc["versions"], doc.get("cost", {}))
+
+
+def held_out_split(samples: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """(calibration, held-out) when no held-out samples are given: every fourth sample is held
+    out (at least one); with a single sample, it serves both."""
+    held = [s for i, s in enumerate(samples) if i % 4 == 3] or list(samples[-1:])
+    calibration = [s for s in samples if s not in held] or list(samples)
+    return calibration, held
+
+
+def _initial_precision(layer: Layer, mode: str, ranges: dict[str, Any],
+                       integer: bool = True) -> tuple[str, str]:
+    """A layer's precision under ``mode`` before the guard, and why; ``integer``: whether the
+    target has integer kernels (without, ``auto`` is weight-only)."""
+    has_range = layer.activation in ranges
+    if layer.kind == "embedding" or mode == "int8-weight":
+        return "int8-weight", f"{mode}: weights int8"
+    if not integer:
+        return "int8-weight", f"{mode}: weights int8 (the target has no integer kernels)"
+    if mode == "int8-dynamic":
+        if layer.kind == "dense":
+            return "int8-dynamic", "int8-dynamic: input quantized per call"
+        return "int8-weight", "int8-dynamic: convolutions are weight-only (static needs calibration)"
+    # int8-static and auto
+    if has_range:
+        return "int8-static", f"{mode}: input calibrated from the profile's range"
+    if layer.kind == "dense":
+        return "int8-dynamic", f"{mode}: no profiled range for '{layer.activation}', dynamic"
+    return "int8-weight", f"{mode}: no profiled range for '{layer.activation}', weight-only"
+
+
+def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSettings,
+             held_out: Sequence[Sample]) -> Quantization:
+    """Decide each layer's precision for ``target`` within ``settings.max_accuracy_drop``."""
+    settings.check()
+    check_matches(model, prof.model_sha256, "profile")
+    result = Quantization(model.name, model.sha256, settings)
+    if settings.mode == "none":
+        return result
+    if settings.mode == "fp16" and target.kind != "cuda":
+        raise CompileError(
+            f"--quantize fp16 is for GPU targets and '{target.name}' is a CPU target; use "
+            f"int8-weight, int8-dynamic, int8-static or auto, or a CUDA --target (cuda-sm89, "
+            f"cuda-sm90, jetson-orin) first")
+    integer = bool(target.libraries.get("dnnl"))  # oneDNN's integer kernels (x86)
+    if settings.mode != "fp16" and not integer and not target.libraries.get("xnnpack"):
+        raise CompileError(
+            f"target '{target.name}' has no int8 kernels (they need [libraries] dnnl = true or "
+            f"xnnpack = true); compile without --quantize")
+    if settings.mode in ("int8-static", "int8-dynamic") and not integer:
+        raise CompileError(
+            f"--quantize {settings.mode} needs integer kernels, which target '{target.name}' "
+            f"lacks (XNNPACK's int8 here takes no per-channel scales); use --quantize int8-weight "
+            f"or auto")
+    if not held_out:
+        raise SamplesError("the accuracy guard needs held-out samples; pass --held-out-samples")
+    layers = find_layers(model.proto)
+    if not layers:
+        result.accuracy = {"simulated": None, "note": "no layer with a constant weight"}
+        return result
+    if prof.reference_error:
+        raise CompileError(f"cannot quantize '{model.name}': the accuracy guard runs it with "
+                           f"onnxruntime, which failed: {prof.reference_error}")
+
+    activations: dict[str, ActivationParams] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    for layer in layers:
+        if settings.mode == "fp16" and layer.kind == "embedding":
+            precision, reason = "fp32", "fp32: fp16 converts matmuls and convolutions, not gathers"
+        elif settings.mode == "fp16":
+            precision, reason = "fp16", f"fp16: the {target.name} program in half precision"
+        else:
+            precision, reason = _initial_precision(layer, settings.mode, prof.ranges, integer)
+        if precision == "int8-static":
+            if settings.calibration == "entropy" and "abs_hist" not in prof.ranges[layer.activation]:
+                raise CompileError(
+                    f"--calibration entropy needs the profile's histogram of '{layer.activation}', "
+                    f"which this profile lacks (made by an older edgec); run `edgec profile` again")
+            activations[layer.name] = activation_params(
+                prof.ranges[layer.activation], settings.calibration, settings.scheme)
+        entries[layer.name] = {"name": layer.name, "op": layer.op, "kind": layer.kind,
+                               "precision": precision, "reason": reason, "sensitivity": None,
+                               "activation": (activations[layer.name].to_json()
+                                              if layer.name in activations else None)}
+
+    inputs = [s.arrays for s in held_out]
+    session = reference_session(model.proto, optimize=False)
+    reference = [session.run(x) for x in inputs]
+    classifiers = accuracy.classifier_outputs(model.outputs)
+
+    def evaluate(precisions: dict[str, str]) -> dict[str, Any]:
+        proto = simulate.simulated_model(model.proto, layers, precisions, activations,
+                                         settings.scheme)
+        return accuracy.compare(reference, simulate.run(proto, inputs), classifiers)
+
+    def sensitivity(name: str) -> float:
+        return evaluate({name: entries[name]["precision"]})["drop"]
+
+    for name, entry in entries.items():
+        entry["sensitivity"] = sensitivity(name)
+    current = {name: e["precision"] for name, e in entries.items()}
+    measured = evaluate(current)
+    if settings.mode == "fp16" and measured["drop"] > settings.max_accuracy_drop:
+        # ToMixedPrecision converts the whole program: no layer can stay fp32 alone.
+        for entry in entries.values():
+            entry["precision"], entry["reason"] = "fp32", (
+                f"kept fp32: the fp16 program's drop {measured['drop']:.3g} (simulated) exceeded "
+                f"the budget {settings.max_accuracy_drop:g}, and fp16 converts every layer or none")
+        measured = evaluate({})
+    while measured["drop"] > settings.max_accuracy_drop:
+        name = _most_sensitive(entries)
+        if name is None:
+            break
+        _demote(entries[name], settings, measured["drop"])
+        if entries[name]["precision"] != "fp32":
+            entries[name]["sensitivity"] = sensitivity(name)
+        current[name] = entries[name]["precision"]
+        measured = evaluate(current)
+    result.layers = list(entries.values())
+    result.accuracy = {"simulated": measured, "held_out_samples": len(held_out)}
+    return result
+
+
+def _most_sensitive(entries: dict[str, dict[str, Any]]) -> str | None:
+    candidates = [e for e in entries.values() if e["precision"] != "fp32"]
+    if not candidates:
+        return None
+    return max(candidates, key=lambda e: e["sensitivity"] or 0.0)["name"]
+
+
+def _demote(entry: dict[str, Any], settings: QuantizeSettings, drop: float) -> None:
+    """One step down: fp32 (fixed modes), or the next safer precision (``auto``)."""
+    options = PRECISIONS[entry["kind"]]
+    if settings.mode == "auto":
+        precision = options[options.index(entry["precision"]) + 1]
+    else:
+        precision = "fp32"
+    entry["reason"] = (f"{'kept fp32' if precision == 'fp32' else precision}: most sensitive "
+                       f"layer ({entry['sensitivity']:.3g} alone at {entry['precision']}) while "
+                       f"the drop {drop:.3g} exceeded the budget {settings.max_accuracy_drop:g}")
+    entry["precision"] = precision
+    if precision != "int8-static":
+        entry["activation"] = None
+
+
+def measure(artifact_path: Path, model: Model, held_out: Sequence[Sample],
+            target: str | None = None) -> dict[str, Any]:
+    """The compiled artifact's accuracy against fp32 (onnxruntime) on ``held_out``, run where
+    ``target``'s file says (here, under qemu or through RPC)."""
+    from edgec.core import remote
+
+    compiled = remote.load(artifact_path, target=target)
+    session = reference_session(model.proto)
+    reference = [session.run(s.arrays) for s in held_out]
+    outputs = [compiled.run(s.arrays) for s in held_out]
+    return accuracy.compare(reference, outputs, accuracy.classifier_outputs(model.outputs))
+
+
+def build_guarded(model: Model, the_plan, targets: list[Target], quant: Quantization,
+                  held_out: Sequence[Sample], targets_chosen: str = "given"):
+    """Build with ``quant`` and measure the artifact on ``held_out``; while it is over budget,
+    keep the next most sensitive layer in fp32 and rebuild (at most ``MAX_REBUILDS`` times).
+    With ``auto``, also weigh the weight-only variant by measured latency (module docstring).
+    Returns the artifact, its manifest recording the measured accuracy; ``quant`` is updated
+    to what the artifact holds."""
+    if quant.settings.mode == "fp16":
+        return _build_fp16(model, the_plan, targets, quant, held_out, targets_chosen)
+    artifact = _build_within_budget(model, the_plan, targets, quant, held_out, targets_chosen)
+    integer = [l for l in quant.layers if l["precision"] in ("int8-static", "int8-dynamic")]
+    if quant.settings.mode != "auto" or not integer:
+        return artifact
+    alternative = Quantization(quant.model_name, quant.model_sha256, quant.settings,
+                               copy.deepcopy(quant.layers), {}, quant.versions)
+    for layer in alternative.layers:
+        if layer["precision"] in ("int8-static", "int8-dynamic"):
+            layer["reason"] = (f"int8-weight: faster than {layer['precision']} as measured "
+                               f"(see cost)")
+            layer["precision"], layer["activation"] = "int8-weight", None
+    alternative.accuracy = {"simulated": None, "held_out_samples": len(held_out)}
+    other = _build_within_budget(model, the_plan, targets, alternative, held_out, targets_chosen)
+    within = alternative.accuracy["measured"]["drop"] <= quant.settings.max_accuracy_drop
+    timings = _latencies([artifact, other], held_out, _runnable(artifact, targets))
+    cost = {"integer_ms": timings[0], "weight_only_ms": timings[1],
+            "how": "median over held-out samples of the median of interleaved calls"}
+    if within and timings[1] < timings[0]:
+        alternative.cost = {**cost, "chosen": "weight-only"}
+        quant.layers, quant.accuracy, quant.cost = (alternative.layers, alternative.accuracy,
+                                                    alternative.cost)
+        other.manifest["quantization"] = quant.manifest()
+        return other
+    quant.cost = {**cost, "chosen": "integer"}
+    artifact.manifest["quantization"] = quant.manifest()
+    return artifact
+
+
+def _latencies(artifacts: list, samples: Sequence[Sample], target: str | None,
+               runs: int = 15) -> list[float]:
+    """Per artifact, the median over ``samples`` of the median of ``runs`` calls, the artifacts'
+    calls interleaved so that they share the machine's state."""
+    from edgec import runtime
+
+    with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
+        models = [runtime.load(a.save(Path(tmp) / f"candidate{i}.edgec"), target=target)
+                  for i, a in enumerate(artifacts)]
+        per_sample: list[list[float]] = [[] for _ in models]
+        for sample in samples:
+            args = [m.to_device_args(sample.arrays) for m in models]
+            for m, a in zip(models, args):
+                m.raw_call(a)  # warm-up: first calls create and pack
+            times: list[list[float]] = [[] for _ in models]
+            for _ in range(runs):
+                for i, (m, a) in enumerate(zip(models, args)):
+                    start = time.perf_counter()
+                    m.raw_call(a)
+                    times[i].append((time.perf_counter() - start) * 1e3)
+            for i, t in enumerate(times):
+                per_sample[i].append(float(np.median(t)))
+    return [round(float(np.median(t)), 4) for t in per_sample]
+
+
+def _build_within_budget(model: Model, the_plan, targets: list[Target], quant: Quantization,
+                         held_out: Sequence[Sample], targets_chosen: str):
+    from edgec.stages.build import build
+
+    for attempt in range(MAX_REBUILDS + 1):
+        artifact = build(model, the_plan, targets, targets_chosen, quantization=quant)
+        if not quant.active:
+            return artifact
+        with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
+            path = artifact.save(Path(tmp) / "candidate.edgec")
+            measured = measure(path, model, held_out, target=_runnable(artifact, targets))
+        quant.accuracy["measured"] = measured
+        artifact.manifest["quantization"] = quant.manifest()
+        name = _most_sensitive(quant.decisions())
+        if measured["drop"] <= quant.settings.max_accuracy_drop or name is None \
+                or attempt == MAX_REBUILDS:
+            return artifact
+        _demote(quant.decisions()[name], quant.settings, measured["drop"])
+    return artifact
+
+
+def _build_fp16(model: Model, the_plan, targets: list[Target], quant: Quantization,
+                held_out: Sequence[Sample], targets_chosen: str):
+    """Build with the CUDA targets' programs in fp16 and measure the first CUDA library on this
+    machine's GPU; without one, the manifest says why nothing was measured (the simulated
+    accuracy stands)."""
+    from edgec.stages.build import build
+
+    from edgec import runtime
+
+    artifact = build(model, the_plan, targets, targets_chosen, quantization=quant)
+    gpu = next(t.name for t in targets if t.kind == "cuda")
+    capability = runtime._cuda_capability()  # a string says why there is no usable GPU
+    if isinstance(capability, str):
+        quant.accuracy["measured"] = None
+        quant.accuracy["not_measured"] = f"no GPU to run '{gpu}' on the build machine: {capability}"
+    else:
+        with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
+            path = artifact.save(Path(tmp) / "candidate.edgec")
+            quant.accuracy["measured"] = measure(path, model, held_out, target=gpu)
+    artifact.manifest["quantization"] = quant.manifest()
+    return artifact
+
+
+def _runnable(artifact, targets: list[Target]) -> str | None:
+    """The target whose library the guard measures: the first this machine runs, else the first
+    whose target file says how to run it elsewhere (under qemu, on a device through RPC)."""
+    from edgec.runtime import select_target
+
+    try:
+        return select_target(artifact.manifest, None, "the artifact being built")
+    except EdgecError:
+        pass
+    for target in targets:
+        if target.run.get("mode", "local") != "local":
+            return target.name
+    raise CompileError("the accuracy guard measures the compiled artifact; add a --target this "
+                       "machine can run, or one whose target file says how to run it ([run] mode)")
