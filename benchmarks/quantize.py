@@ -118,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
                int(rounds), int(runs), int(warmup), args.threads, Path(output))
         return 0
 
+    import edgec
     from edgec import zoo
+    from edgec.core.samples import load_samples
+    from edgec.core.targets import load_target
     from edgec.fileio import write_text
+    from edgec.stages.quantize import QuantizeSettings
 
     names = args.models.split(",") if args.models else SMALL if args.small else MODELS
     modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
@@ -136,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 artifact = Path(tmp) / f"{name}.{mode}.edgec"
                 print(f"quantize: compiling {name} --quantize {mode}", file=sys.stderr, flush=True)
-                _run([sys.executable, "-m", "edgec", "compile", str(model_dir / "model.onnx"),
-                      "--samples", str(model_dir / "samples"), "--target", args.target,
-                      "--quantize", mode, "-o", str(artifact)], env)
+                model = edgec.load_model(model_dir / "model.onnx")
+                compiled = edgec.compile(
+                    model, load_samples(model_dir / "samples", model), [load_target(args.target)],
+                    edgec.CompileSettings(quantize=QuantizeSettings(mode)))
+                compiled.artifact.save(artifact)
                 artifacts[mode] = artifact
-                manifests[mode] = json.loads(_run([sys.executable, "-m", "edgec", "inspect",
-                                                   "--json", str(artifact)], env))
+                manifests[mode] = compiled.artifact.manifest
             out = Path(tmp) / f"{name}.json"
             _run([sys.executable, __file__, "--threads", str(args.threads), "--worker", name,
                   str(model_dir), json.dumps({k: str(v) for k, v in artifacts.items()}),

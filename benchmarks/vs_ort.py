@@ -1,6 +1,6 @@
 """edgec against onnxruntime on the zoo's CNNs and dynamic models: reports/vs_ort.json and .md.
 
-Each model is exported from the zoo (seeded), compiled with ``edgec compile`` (the target given, or
+Each model is exported from the zoo (seeded), compiled with ``edgec.compile`` (the target given, or
 edgec's default for this machine), then timed in rounds, each runtime in a process of its own with
 ``edgec.stages.bench``'s timer: edgec's artifact, then onnxruntime (2 threads by default), alternating,
 so that a machine whose speed drifts slows both alike. Rows hold, per runtime, the median over the
@@ -40,6 +40,17 @@ DYNAMIC = ["transformer", "early_exit", "moe", "speech_lstm", "scan_rnn", "greed
 SMALL = ["cnn", "transformer"]
 # Models whose rows are split by this input dim (one row per value seen in the samples).
 SPLIT_BY = {"transformer": "seq"}
+
+
+def compile_zoo_model(model_dir: Path, target: str | None):
+    """``edgec.compile`` of an exported zoo model on its samples, with edgec's defaults."""
+    import edgec
+    from edgec.core.samples import load_samples
+    from edgec.core.targets import load_target
+
+    model = edgec.load_model(model_dir / "model.onnx")
+    return edgec.compile(model, load_samples(model_dir / "samples", model),
+                         [load_target(target)] if target else None)
 
 
 def _python_cmd(*args: str) -> list[str]:
@@ -153,16 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = zoo.export(name, Path(tmp) / name, seed=0,
                                    count=args.samples or (2 if args.small else None))
             artifact = Path(tmp) / f"{name}.edgec"
-            compile_cmd = _python_cmd("-m", "edgec", "compile", str(model_dir / "model.onnx"),
-                                      "--samples", str(model_dir / "samples"), "-o", str(artifact))
-            if args.target:
-                compile_cmd += ["--target", args.target]
             print(f"vs_ort: compiling {name}", file=sys.stderr, flush=True)
-            _run(compile_cmd, env)
-            if target_used is None:
-                manifest = json.loads(_run(_python_cmd("-m", "edgec", "inspect", "--json",
-                                                       str(artifact)), env))
-                target_used = next(iter(manifest["libraries"]))
+            compiled = compile_zoo_model(model_dir, args.target)
+            compiled.artifact.save(artifact)
+            target_used = target_used or next(iter(compiled.artifact.manifest["libraries"]))
             timings: dict[str, list[dict[str, float]]] = {"edgec": [], "onnxruntime": []}
             for _ in range(rounds):
                 for system in timings:

@@ -48,6 +48,12 @@ def _plan_opts(func):
     return func
 
 
+def _dump_ir_opt(func):
+    return click.option("--dump-ir", "dump_ir", type=click.Path(path_type=Path), default=None,
+                        help="Write the program after each compiler phase into this folder "
+                             "(NN_<phase>.py, TVMScript).")(func)
+
+
 def _sign_opt(func):
     return click.option("--sign", "sign_key", type=click.Path(path_type=Path), default=None,
                         help="Sign the artifact with this Ed25519 private key (see `edgec keygen`).")(func)
@@ -173,10 +179,14 @@ def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
     from edgec.stages.plan import PlanSettings
     from edgec.stages.profile import Profile
 
+    from edgec.core.samples import load_samples
+    from edgec.driver import make_plan
+
     settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
     the_target = _targets_or_default((target,) if target else ())[0][0]
     loaded = load_model(model)
-    result = _make_plan(loaded, Profile.load(profile_path), the_target, settings, samples_path)
+    samples = load_samples(samples_path, loaded) if samples_path is not None else None
+    result = make_plan(loaded, Profile.load(profile_path), the_target, settings, samples)
     result.save(output)
     if explain:
         click.echo(result.explain())
@@ -185,41 +195,17 @@ def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
             click.echo(f"region {region.name}: {region.mode} — {region.reason}")
 
 
-def _kernels_on_calling_thread() -> None:
-    """Region timings are CPU time of the calling thread (costmodel.measure): oneDNN's OpenMP
-    pool must not take work off it. Read when OpenMP starts, so set before any model loads."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def _make_plan(loaded, prof, target, settings, samples_path):
-    """Plan; for the oracle policy, first time every option of every region on the samples."""
-    from edgec.stages.plan import plan
-
-    from edgec.core.samples import load_samples
-
-    settings.check()
-    measured = None
-    samples = load_samples(samples_path, loaded) if samples_path is not None else None
-    if settings.policy == "oracle":
-        _kernels_on_calling_thread()
-        if samples is None:
-            raise EdgecError("--policy oracle times every option: pass --samples")
-        from edgec.tools.costmodel.measure import measure_model
-
-        measured = measure_model(loaded, prof, samples, target,
-                                 settings.max_specializations, source="oracle").table()
-    return plan(loaded, prof, target, settings, measured=measured, samples=samples)
-
-
 def _targets_or_default(names: tuple[str, ...]):
     """The targets named, or the best one this machine runs; and how they were chosen."""
     from edgec.core.targets import load_target
 
+    from edgec.driver import default_targets
+
     if names:
         return [load_target(t) for t in names], "given"
-    target = _target_or_default(None)
-    return [target], (f"default: {target.name}, the target with the most CPU features the build "
-                      f"machine has")
+    targets, chosen = default_targets()
+    _say_default(targets[0])
+    return targets, chosen
 
 
 def _target_or_default(name: str | None):
@@ -229,9 +215,13 @@ def _target_or_default(name: str | None):
     if name is not None:
         return load_target(name)
     target = default_target()
+    _say_default(target)
+    return target
+
+
+def _say_default(target) -> None:
     click.echo(f"target: {target.name} (default: the target with the most CPU features this "
                f"machine has)", err=True)
-    return target
 
 
 @cli.command("quantize")
@@ -269,10 +259,12 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
 @click.option("--quantization", "quantization_path", type=click.Path(path_type=Path), default=None,
               help="Decisions from `edgec quantize` (the manifest then records their simulated "
                    "accuracy; `edgec compile --quantize` also measures the artifact).")
+@_dump_ir_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
-              quantization_path: Path | None, sign_key: Path | None, output: Path) -> None:
+              quantization_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
+              output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from edgec.stages.build import build
     from edgec.core.model import load_model
@@ -283,7 +275,7 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
     target_list, chosen = _targets_or_default(targets)
     quantization = Quantization.load(quantization_path) if quantization_path else None
     artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen,
-                     quantization=quantization)
+                     quantization=quantization, dump_ir=dump_ir)
     sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
@@ -297,54 +289,49 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
 @click.option("--save-stages", type=click.Path(path_type=Path), default=None,
               help="Also write profile.json, plan.json (and quantization.json) into this folder.")
 @_quantize_opts
+@_dump_ir_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, max_artifact_mb: float,
                 compile_budget_s: float, save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
-                held_out_path: Path | None, sign_key: Path | None, output: Path) -> None:
+                held_out_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
+                output: Path) -> None:
     """Profile, plan, quantize and build in one go."""
-    from edgec.stages.build import build
     from edgec.core.model import load_model
-    from edgec.stages.plan import PlanSettings
-    from edgec.stages.profile import profile
-    from edgec.stages.quantize import QuantizeSettings, build_guarded, held_out_split, quantize
     from edgec.core.samples import load_samples
+    from edgec.driver import CompileSettings, compile as compile_model, default_targets
+    from edgec.stages.plan import PlanSettings
+    from edgec.stages.quantize import QuantizeSettings
+
+    from edgec.core.targets import load_target
 
     sign = _signer(sign_key)
     loaded = load_model(model)
-    target_list, chosen = _targets_or_default(targets)
-    settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
+    target_list = [load_target(t) for t in targets]
+    if not target_list:
+        _say_default(default_targets()[0][0])
+    settings = CompileSettings(
+        PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s),
+        QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme),
+        dump_ir=dump_ir)
     settings.check()
-    quant_settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
-    quant_settings.check()
     samples = load_samples(samples_path, loaded)
-    held_out: list = []
-    if quantize_mode != "none":
-        if held_out_path is not None:
-            held_out = load_samples(held_out_path, loaded)
-        else:
-            samples, held_out = held_out_split(samples)
-    prof = profile(loaded, samples)
-    _note_reference_error(prof)
-    the_plan = _make_plan(loaded, prof, target_list[0], settings, samples_path)
-    quant = quantize(loaded, prof, target_list[0], quant_settings, held_out)
-    if quant.active:
-        artifact = build_guarded(loaded, the_plan, target_list, quant, held_out,
-                                 targets_chosen=chosen)
-    else:
-        artifact = build(loaded, the_plan, target_list, targets_chosen=chosen)
+    held_out = (load_samples(held_out_path, loaded)
+                if held_out_path is not None and quantize_mode != "none" else None)
+    result = compile_model(loaded, samples, target_list, settings, held_out=held_out)
+    _note_reference_error(result.profile)
     if save_stages is not None:
-        prof.save(save_stages / "profile.json")
-        the_plan.save(save_stages / "plan.json")
+        result.profile.save(save_stages / "profile.json")
+        result.plan.save(save_stages / "plan.json")
         if quantize_mode != "none":
-            quant.save(save_stages / "quantization.json")
-    sign(artifact).save(output)
-    for region in the_plan.regions:
+            result.quantization.save(save_stages / "quantization.json")
+    sign(result.artifact).save(output)
+    for region in result.plan.regions:
         click.echo(f"region {region.name}: {region.mode} — {region.reason}")
     if quantize_mode != "none":
-        _echo_quantization(quant)
+        _echo_quantization(result.quantization)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
 
 
@@ -432,7 +419,8 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
               threads: int, target: str | None, baselines: str, public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
-    from edgec.stages.bench import BenchSettings, bench
+    from edgec.driver import benchmark
+    from edgec.stages.bench import BenchSettings
     from edgec.core.model import load_model
     from edgec.runtime.artifact import Artifact
     from edgec.core.samples import load_samples
@@ -445,14 +433,9 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     loaded = load_model(model_path)
     settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
-    result = bench(artifact, loaded, load_samples(samples_path, loaded), settings, target=target,
-                   baselines=chosen, require_signature=public_key)
+    result = benchmark(artifact, loaded, load_samples(samples_path, loaded), settings,
+                       target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
-    if result["regions"]:
-        from edgec.stages.bench import record_measurements
-
-        # The target as given (a .toml path is not a name load_target finds), else the library's.
-        record_measurements(target or result["target"], loaded, result["regions"], threads)
     click.echo(
         f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
         f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
@@ -628,7 +611,9 @@ _costmodel_target = click.option(
 def costmodel_collect(target: str | None, models: str, passes: int, runs: int, batches: int,
                       max_specializations: int) -> None:
     """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
-    _kernels_on_calling_thread()
+    from edgec.driver import kernels_on_calling_thread
+
+    kernels_on_calling_thread()
     from edgec.tools.costmodel.collect import collect
     from edgec.costmodel.store import measurements_path
 

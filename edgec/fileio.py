@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from edgec.errors import InputFileError, OutputFileError, StageInputError
 
@@ -118,3 +122,18 @@ def load_json_value(path: str | Path, kind: str, version: int) -> dict[str, Any]
             f"version {version}; regenerate it with this edgec"
         )
     return doc
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """The bytes ``np.savez`` writes for ``arrays``, but with fixed zip timestamps.
+
+    ``np.savez`` stamps each member with the current time; a fixed stamp makes the same samples
+    byte-identical, so files can be compared and cached by hash. ``np.load`` reads both alike.
+    """
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for key, array in arrays.items():
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+    return buffer.getvalue()

@@ -15,12 +15,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgec.errors import ArtifactError, InputFileError, ToolchainError
-
-if TYPE_CHECKING:
-    from edgec.runtime.artifact import Artifact
+from edgec.fileio import atomic_write
+from edgec.runtime.artifact import Artifact
 
 ALGORITHM = "ed25519"
 # Prefixed to the manifest before signing, so a signature made for something else (another tool
@@ -150,7 +149,6 @@ def generate_keypair(private_path: str | Path) -> tuple[Path, Path]:
     """Write a new Ed25519 key pair: ``private_path`` (PEM, mode 0600) and ``<private_path>.pub``."""
     from cryptography.hazmat.primitives import serialization
 
-    from edgec.fileio import atomic_write
 
     ed25519 = _ed25519()
     private_path = Path(private_path)

@@ -1,7 +1,7 @@
 """Build the ``edgec-runtime`` wheel: edgec's runtime package and TVM's runtime, no compiler.
 
 At build time this copies, from the checkout around this folder, ``edgec/__init__.py``,
-``edgec/errors.py``, ``edgec/signing.py`` (signature checks; needs the ``signing`` extra) and the
+``edgec/errors.py``, ``edgec/fileio.py``, ``edgec/signing.py`` (signature checks; needs the ``signing`` extra) and the
 ``edgec/runtime`` package (Python modules and the C++ header, sources
 and Makefile) into ``build/src``, and ``libtvm_runtime.so`` with ``libtvm_runtime_extra.so``
 (sort/top-k and random kernels) into ``edgec/runtime/lib/``, where the loader looks first. The
@@ -74,7 +74,7 @@ def _stage() -> str:
     runtime = STAGE / "edgec" / "runtime"
     (runtime / "cpp").mkdir(parents=True)
     (runtime / "lib").mkdir()
-    for name in ("__init__.py", "errors.py", "signing.py"):
+    for name in ("__init__.py", "errors.py", "fileio.py", "signing.py"):
         shutil.copy2(PACKAGE / name, STAGE / "edgec" / name)
     for path in (PACKAGE / "runtime").glob("*.py"):
         shutil.copy2(path, runtime / path.name)

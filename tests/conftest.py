@@ -51,10 +51,8 @@ def mlp_dir(tmp_path):
 @pytest.fixture(scope="session")
 def mlp_artifact(tmp_path_factory):
     """The dynamic MLP compiled for the host, shared by runtime and bench tests."""
-    from edgec.stages.build import build
+    import edgec
     from edgec.core.model import from_proto
-    from edgec.stages.plan import plan
-    from edgec.stages.profile import profile
     from edgec.core.samples import Sample
     from edgec.core.targets import load_target
 
@@ -64,7 +62,7 @@ def mlp_artifact(tmp_path_factory):
     model = from_proto(mlp_model(), "mlp", str(root / "model.onnx"))
     samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples(MLP_SHAPES))]
     target = load_target("x86_64")
-    artifact = build(model, plan(model, profile(model, samples), target), [target])
+    artifact = edgec.compile(model, samples, [target]).artifact
     path = root / "mlp.edgec"
     artifact.save(path)
     return path

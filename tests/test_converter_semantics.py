@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_converters_ops import _model, _reference
 
 from edgec.tools import conformance
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.pipeline import import_model
 from edgec.errors import ModelError
 from edgec.core.model import from_proto
 
@@ -220,7 +220,7 @@ def test_nms_with_a_runtime_iou_threshold_is_a_clear_error():
                             _vi("max", np.int64, [1]), _vi("iou", np.float32, [1])],
                    [_vi("sel", np.int64, [None, 3])], opset=11)
     with pytest.raises(ModelError, match="iou_threshold must be known at compile time"):
-        import_onnx(from_proto(model))
+        import_model(from_proto(model))
 
 
 def test_resize_that_tvm_computes_right_stays_one_resize2d():
@@ -229,7 +229,7 @@ def test_resize_that_tvm_computes_right_stays_one_resize2d():
     model = _model([node], [x_info], [_vi("y", np.float32, (1, 2, 8, 8))],
                    [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")],
                    opset=19)
-    assert "image.resize2d" in import_onnx(from_proto(model)).script()
+    assert "image.resize2d" in import_model(from_proto(model)).script()
 
 
 def test_constant_of_shape_with_a_shape_computed_at_run_time():
@@ -275,14 +275,14 @@ def test_matmul_of_activations_with_an_epilogue_is_vectorized():
     import tvm
     from tvm import te, topi
 
-    from edgec.compiler.backends.llvm import _SimpleKernel
+    from edgec.compiler.transform.schedules import SimpleKernel
 
     m = tvm.tirx.Var("m", "int64")
     a, b, c = (te.placeholder(shape, "float32", name)
                for shape, name in [((m, m), "a"), ((m, 32), "b"), ((m, 32), "c")])
     out = topi.add(topi.matmul(a, b), c)
     func = te.create_prim_func([a, b, c, out])
-    scheduled = _SimpleKernel(parallel=False).apply(func, tvm.target.Target("llvm"), False)
+    scheduled = SimpleKernel(parallel=False).apply(func, tvm.target.Target("llvm"), False)
     assert scheduled is not None
     assert scheduled.mod.script().count("T.vectorized(") == 2  # the matmul's and the add's
 

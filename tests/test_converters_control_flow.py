@@ -21,8 +21,8 @@ import tvm_ffi
 from onnx import TensorProto, helper
 from tvm import relax
 
-from edgec.compiler.backends.llvm import LLVMCodegen
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler import pipeline
+from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.runtime import bind_linked_functions
 from edgec.core.targets import load_target
@@ -70,11 +70,11 @@ def compile_vm(proto: onnx.ModelProto, name: str, native: bool) -> relax.Virtual
     outputs (``native``), else by TVM alone with concatenated ones."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mod = import_onnx(from_proto(proto, name), native_loops=native)
+        mod = import_model(from_proto(proto, name), native_loops=native)
         if not native:
             return relax.VirtualMachine(tvm.compile(mod, tvm.target.Target({"kind": "llvm"})),
                                         tvm.cpu())
-        library = LLVMCodegen().compile(mod, load_target("x86_64"))
+        library, _ = pipeline.compile(mod, load_target("x86_64"))
     path = _LIBRARIES / f"{name}-{len(list(_LIBRARIES.iterdir()))}.so"
     path.write_bytes(library.data)
     module = tvm.runtime.load_module(str(path))

@@ -130,11 +130,11 @@ def test_cumprod_with_a_runtime_axis_is_a_clear_error():
     model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
                            helper.make_tensor_value_info("axis", TensorProto.INT64, [])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], opset=26)
-    from edgec.compiler.importer.from_onnx import import_onnx
+    from edgec.compiler.pipeline import import_model
     from edgec.core.model import from_proto
 
     with pytest.raises(ModelError, match="cp: the axis must be known at compile time"):
-        import_onnx(from_proto(model))
+        import_model(from_proto(model))
 
 
 @pytest.mark.parametrize("p", [1, 2])

@@ -15,7 +15,7 @@ from tvm import relax
 
 from edgec import runtime
 from edgec.stages.build import build
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.pipeline import import_model
 from edgec.errors import ModelError
 from edgec.core.model import from_proto
 from edgec.stages.plan import plan
@@ -145,7 +145,7 @@ def seq_major(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def run_scan(proto: onnx.ModelProto, feeds) -> list[list[np.ndarray]]:
     """The Scan form, compiled by TVM alone."""
-    mod = import_onnx(from_proto(proto, "recurrent_scan"), native_loops=False)
+    mod = import_model(from_proto(proto, "recurrent_scan"), native_loops=False)
     vm = relax.VirtualMachine(tvm.compile(mod, tvm.target.Target({"kind": "llvm"})), tvm.cpu())
     names = [value.name for value in proto.graph.input]
     return [_outputs(vm["main"](*[tvm.runtime.tensor(feed[n]) for n in names])) for feed in feeds]
@@ -215,10 +215,10 @@ def test_layers_wide_enough_to_share_their_steps_over_threads_match_onnxruntime(
 def test_what_the_rewrite_cannot_express_is_a_one_line_model_error():
     proto, _ = recurrent("LSTM", activations=["Sigmoid", "Gelu", "Tanh"])
     with pytest.raises(ModelError, match="activation 'Gelu'"):
-        import_onnx(from_proto(proto, "bad_activation"))
+        import_model(from_proto(proto, "bad_activation"))
     proto, _ = recurrent("GRU", activations=["Sigmoid"])
     with pytest.raises(ModelError, match="lists 1 activations; it needs 2 per direction"):
-        import_onnx(from_proto(proto, "few_activations"))
+        import_model(from_proto(proto, "few_activations"))
 
 
 @pytest.mark.slow

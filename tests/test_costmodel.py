@@ -7,7 +7,7 @@ from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.costmodel import learn
 from edgec.tools.costmodel.evaluate import _best_rows, plan_expected_ms
 from edgec.costmodel.features import FEATURE_NAMES, region_features
-from edgec.tools.costmodel.measure import measure_model
+from edgec.stages.measure import measure_model
 from edgec.costmodel.model import CostModel, default_path, fit
 from edgec.costmodel.store import append_measurements, load_measurements, measurements_path
 from edgec.errors import StageInputError

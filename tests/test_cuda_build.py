@@ -139,7 +139,7 @@ def test_cuda_targets_parse_and_name_their_gpu():
                            ("cuda-sm90", "x86_64", "sm_90")]:
         target = load_target(name)
         assert (target.kind, target.arch, target.tvm["arch"]) == ("cuda", arch, sm)
-        tvm_target = codegen_cuda.CUDACodegen().tvm_target(target)
+        tvm_target = codegen_cuda.CUDABackend().tvm_target(target)
         assert tvm_target.kind.name == "cuda" and str(tvm_target.attrs["arch"]) == sm
         assert tvm_target.host.kind.name == "llvm"
 
@@ -155,4 +155,4 @@ def test_cuda_target_without_host_table_is_refused():
     target = parse_target({"name": "g", "kind": "cuda", "arch": "x86_64",
                            "tvm": {"kind": "cuda", "arch": "sm_90"}}, "g.toml")
     with pytest.raises(CompileError, match="tvm.host"):
-        codegen_cuda.CUDACodegen().tvm_target(target)
+        codegen_cuda.CUDABackend().tvm_target(target)

@@ -1,7 +1,7 @@
 from tvm import relax
 
 from conftest import mlp_model, mlp_samples
-from edgec.compiler.importer import converters
+from edgec.compiler.importer import converter_table
 from edgec.tools.debug import debug
 from edgec.core.model import from_proto
 from edgec.core.samples import Sample
@@ -34,7 +34,7 @@ def test_injected_divergence_is_found_at_its_node(monkeypatch):
     entry = get("cnn")
     model = from_proto(entry.make_model(0), "cnn")
     samples = [Sample(f"s{i}", a) for i, a in enumerate(entry.make_samples(2, 0))]
-    monkeypatch.setitem(converters.CONVERTERS, "Relu", _WrongRelu)
+    monkeypatch.setitem(converter_table.CONVERTERS, "Relu", _WrongRelu)
     result = debug(model, samples, TARGET)
     assert result.first is not None
     first_relu = next(n.name for n in model.proto.graph.node if n.op_type == "Relu")

@@ -7,14 +7,14 @@ from tvm import relax
 
 from conftest import mlp_model
 from edgec.compiler.transform.shape_dispatch import add_shape_dispatch, lower_regions
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.core.reference import reference_session
-from edgec.core.regions import cut_regions
+from edgec.core.regions import cut_regions, region_model
 
 
 def test_dispatch_adds_static_functions_and_keeps_results_exact():
-    mod = import_onnx(from_proto(mlp_model()))
+    mod = import_model(from_proto(mlp_model()))
     dispatched = add_shape_dispatch(mod, [{"batch": 1, "seq": 4}, {"seq": 2}])
     names = sorted(gv.name_hint for gv in dispatched.functions)
     assert names == ["generic", "main", "spec_0", "spec_1"]
@@ -33,7 +33,7 @@ def test_dispatch_adds_static_functions_and_keeps_results_exact():
 
 
 def test_no_specializations_leaves_the_module_alone():
-    mod = import_onnx(from_proto(mlp_model()))
+    mod = import_model(from_proto(mlp_model()))
     assert add_shape_dispatch(mod, []) is mod
 
 
@@ -61,13 +61,19 @@ def nonzero_model() -> onnx.ModelProto:
     return model
 
 
+def _imported(model, cuts):
+    """Each region of ``cuts`` imported alone, as the build stage imports them."""
+    return [import_model(from_proto(region_model(model, cut, f"region_{i}"), f"region_{i}"))
+            for i, cut in enumerate(cuts)]
+
+
 def test_regions_lower_to_one_program_with_a_dispatch_per_region():
     model = from_proto(nonzero_model(), "nonzero")
     cuts = cut_regions(model)
     regions = [{"name": f"region_{i}", "nodes": c.nodes, "inputs": c.inputs, "outputs": c.outputs,
                 "specializations": [] if c.boundary else [{"batch": 2}]}
                for i, c in enumerate(cuts)]
-    mod = lower_regions(model, regions)
+    mod = lower_regions(model, regions, _imported(model, cuts))
     names = sorted(gv.name_hint for gv in mod.functions)
     assert names == ["main", "region_0", "region_0__generic", "region_0__spec_0", "region_1",
                      "region_2", "region_2__generic", "region_2__spec_0"]
@@ -90,7 +96,8 @@ def test_a_specialization_naming_a_dim_the_region_lacks_is_refused():
     cut = cut_regions(model)[0]
     with pytest.raises(ValueError, match="does not have"):
         lower_regions(model, [{"name": "region_0", "nodes": cut.nodes, "inputs": cut.inputs,
-                               "outputs": cut.outputs, "specializations": [{"seq": 3}]}])
+                               "outputs": cut.outputs, "specializations": [{"seq": 3}]}],
+                      _imported(model, [cut]))
 
 
 def test_a_plan_whose_regions_do_not_lower_builds_the_model_whole(monkeypatch, tmp_path):

@@ -1,6 +1,6 @@
 from tvm import relax
 
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.zoo import get
 from test_profile import if_model
@@ -20,7 +20,7 @@ def _calls_in(expr: relax.Expr) -> int:
 
 def test_top_level_if_branches_run_only_when_taken():
     for proto in (if_model(), get("early_exit").make_model(0)):
-        mod = import_onnx(from_proto(proto))
+        mod = import_model(from_proto(proto))
         (branch,) = _ifs(mod["main"])
         # The branches' work lives inside the If, not before it.
         assert _calls_in(branch.true_branch) > 0 and _calls_in(branch.false_branch) > 0
@@ -38,4 +38,4 @@ def test_import_names_unsupported_ops():
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 9, 2])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelError, match="cannot import: STFT"):
-        import_onnx(from_proto(model))
+        import_model(from_proto(model))

@@ -64,7 +64,7 @@ def mutated(draw, original: bytes) -> bytes:
 
 
 def test_mutated_model_bytes_give_edgec_errors_only(tmp_path):
-    from edgec.compiler.importer.from_onnx import import_onnx
+    from edgec.compiler.pipeline import import_model
     from edgec.core.model import load_model
 
     original = mlp_model().SerializeToString()
@@ -76,7 +76,7 @@ def test_mutated_model_bytes_give_edgec_errors_only(tmp_path):
     def check(data: bytes) -> None:
         path.write_bytes(data)
         try:
-            import_onnx(load_model(path))
+            import_model(load_model(path))
             outcomes["imported"] += 1
         except EdgecError:
             outcomes["refused"] += 1

@@ -20,9 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from edgec.stages.build import build
-from edgec.compiler.backends import llvm as codegen, native
+from edgec.compiler import native, pipeline
+from edgec.compiler.backends import llvm
+from edgec.compiler.backends.llvm import LLVMBackend
 from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler.pipeline import import_model
 from edgec.compiler.transform.library_offload import DispatchRules, dispatch_with_stats
 from edgec.errors import CompileError, TargetError, ToolchainError
 from edgec.core.model import from_proto
@@ -154,7 +156,7 @@ def _calls(mod: tvm.IRModule) -> list[str]:
 
 
 def test_rewrite_fuses_conv_epilogues_and_leaves_the_input_alone():
-    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    mod = import_model(from_proto(cnn_model(), "cnn"))
     before = mod.script(show_meta=False)
     out, stats = dispatch_with_stats(mod, DispatchRules(block=0))
     assert mod.script(show_meta=False) == before
@@ -171,7 +173,7 @@ def test_rewrite_fuses_conv_epilogues_and_leaves_the_input_alone():
 
 
 def test_blocked_layout_keeps_activations_blocked_between_library_calls():
-    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    mod = import_model(from_proto(cnn_model(), "cnn"))
     out, _ = dispatch_with_stats(mod, DispatchRules(block=16))
     text = out.script(show_meta=False)
     assert 'layout="NCHW16c"' in text  # the max pool runs blocked in TVM
@@ -184,7 +186,7 @@ def test_blocked_layout_keeps_activations_blocked_between_library_calls():
 
 
 def test_grouped_conv_stays_grouped_for_the_shim_to_decide():
-    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    mod = import_model(from_proto(cnn_model(), "cnn"))
     for block in (8, 16):
         out, _ = dispatch_with_stats(mod, DispatchRules(block=block))
         # The group-4 conv's groups argument: the 9th integer of its call.
@@ -195,7 +197,7 @@ def test_grouped_conv_stays_grouped_for_the_shim_to_decide():
 
 
 def test_rewrite_reaches_specializations_fallback_and_if_branches():
-    mod = import_onnx(from_proto(matmul_model(), "mlp"))
+    mod = import_model(from_proto(matmul_model(), "mlp"))
     mod = add_shape_dispatch(mod, [{"batch": 1, "seq": 4}])
     out, stats = dispatch_with_stats(mod)
     assert stats.calls == {"edgec_dnnl_dense": 4}  # two matmuls in spec_0 and in generic
@@ -203,7 +205,7 @@ def test_rewrite_reaches_specializations_fallback_and_if_branches():
         assert "R.matmul" not in out[name].script(show_meta=False)
     assert "R.nn.relu" not in _ops(out)  # bias and relu went into the first dense
 
-    out, stats = dispatch_with_stats(import_onnx(from_proto(if_model(), "branches")))
+    out, stats = dispatch_with_stats(import_model(from_proto(if_model(), "branches")))
     assert stats.calls == {"edgec_dnnl_conv2d": 2}
     assert "R.nn.conv2d" not in out.script(show_meta=False)
 
@@ -212,7 +214,7 @@ def test_tiny_static_matmuls_stay_tvm_kernels():
     """At batch 1, seq 1 the MLP's matmuls are 2048 and 1024 multiply-adds: less than a library
     call costs. The symbolic function still calls the library; a quantized build (every layer a
     library call) sets the bound to 0."""
-    mod = add_shape_dispatch(import_onnx(from_proto(matmul_model(), "mlp")), [{"batch": 1, "seq": 1}])
+    mod = add_shape_dispatch(import_model(from_proto(matmul_model(), "mlp")), [{"batch": 1, "seq": 1}])
     out, stats = dispatch_with_stats(mod)
     assert stats.calls == {"edgec_dnnl_dense": 2}  # the generic function's two
     assert "R.matmul" in out["spec_0"].script(show_meta=False)
@@ -239,7 +241,7 @@ def _library_calls(mod: tvm.IRModule) -> list[tuple[str, tuple]]:
 
 
 def test_xnn_rules_send_the_same_ops_to_xnnpack_in_nhwc():
-    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    mod = import_model(from_proto(cnn_model(), "cnn"))
     out, stats = dispatch_with_stats(mod, DispatchRules(library="xnn"))
     # The ops oneDNN takes (BN folded into the first conv, the Sum residual into the second).
     assert stats.calls == {"edgec_xnn_conv2d": 5, "edgec_xnn_conv2d_add": 1, "edgec_xnn_dense": 1}
@@ -257,7 +259,7 @@ def test_xnn_rules_send_the_same_ops_to_xnnpack_in_nhwc():
 
 
 def test_xnn_rules_without_layout_keep_nchw():
-    mod = import_onnx(from_proto(cnn_model(), "cnn"))
+    mod = import_model(from_proto(cnn_model(), "cnn"))
     out, stats = dispatch_with_stats(mod, DispatchRules(library="xnn", block=0))
     assert sum(stats.calls.values()) == 7
     assert "R.layout_transform" not in _ops(out)
@@ -275,16 +277,16 @@ def _target(name: str, **changes):
 
 def test_codegen_picks_the_library_route_from_the_target_file():
     for name in ("arm64-cortex-a72", "arm64-cortex-a76"):
-        rules = codegen.library_rules(load_target(name))
+        rules = LLVMBackend().library_rules(load_target(name))
         assert rules is not None and rules.library == "xnn" and rules.nhwc, name
-    x86 = codegen.library_rules(load_target("x86_64"))
+    x86 = LLVMBackend().library_rules(load_target("x86_64"))
     assert x86.library == "dnnl" and x86.block == 8 and not x86.nhwc
-    assert codegen.library_rules(_target("x86_64", libraries={})) is None
+    assert LLVMBackend().library_rules(_target("x86_64", libraries={})) is None
     with pytest.raises(CompileError, match="both"):
-        codegen.library_rules(_target("x86_64", libraries={"dnnl": True, "xnnpack": True}))
+        LLVMBackend().library_rules(_target("x86_64", libraries={"dnnl": True, "xnnpack": True}))
     with pytest.raises(CompileError, match="xnnpack is for aarch64"):
-        codegen.library_rules(_target("x86_64", libraries={"xnnpack": True}))
-    assert set(codegen.SHIMS) == {"dnnl", "xnn"}
+        LLVMBackend().library_rules(_target("x86_64", libraries={"xnnpack": True}))
+    assert set(native.ROUTE_SHIMS) == {"dnnl", "xnnpack"}
 
 
 def test_target_file_with_a_misspelt_library_is_refused():
@@ -356,14 +358,14 @@ def test_erf_and_softmax_become_vectorizable_kernels_before_legalization():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    mod = import_onnx(from_proto(model, "gelu_softmax"))
-    prepared = codegen.LLVMCodegen().prepare(mod, load_target("x86_64"))
-    kernels = [gvar.name_hint for gvar, func in prepared.mod.functions.items()
+    mod = import_model(from_proto(model, "gelu_softmax"))
+    prepared = pipeline.lower_to(mod, load_target("x86_64"), "prepare")
+    kernels = [gvar.name_hint for gvar, func in prepared.functions.items()
                if isinstance(func, tvm.tirx.PrimFunc)]
     assert any("fast_erf" in name for name in kernels), kernels
     assert any("fast_softmax" in name for name in kernels), kernels
     assert not any(name in ("erf", "softmax") for name in kernels), kernels
-    assert "tirx.erf" not in prepared.mod.script(show_meta=False)
+    assert "tirx.erf" not in prepared.script(show_meta=False)
 
 
 def test_missing_toolchain_is_a_one_line_error(tmp_path):
@@ -380,7 +382,7 @@ def _compile(proto, name, samples, monkeypatch, block, tmp_path, settings=PlanSe
     """Build ``proto`` for the host through every stage, with activation blocks of ``block``."""
     model = from_proto(proto, name)
     target = load_target("x86_64")
-    monkeypatch.setattr(codegen, "dnnl_rules",
+    monkeypatch.setattr(llvm, "dnnl_rules",
                         lambda t: dataclasses.replace(DispatchRules(), block=block))
     artifact = build(model, plan(model, profile(model, samples), target, settings), [target])
     assert artifact.manifest["libraries"]["x86_64"]["native_dependencies"] == ["libdnnl.so.2"]

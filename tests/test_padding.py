@@ -10,7 +10,8 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax, tirx
 
-from edgec.core import padding, runtime
+from edgec import runtime
+from edgec.core import padding
 from edgec.stages.build import build
 from edgec.compiler.transform.shape_dispatch import PadSpec, add_shape_dispatch
 from edgec.core.model import from_proto

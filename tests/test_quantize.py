@@ -16,9 +16,11 @@ from edgec.errors import CompileError, EdgecError, SamplesError
 from edgec.core.model import from_proto
 from edgec.stages.plan import plan
 from edgec.stages.profile import profile
-from edgec.stages.quantize import (QuantizeSettings, Quantization, build_guarded, held_out_split,
+from edgec.driver import build_guarded
+from edgec.stages.quantize import (QuantizeSettings, Quantization, held_out_split,
                             quantize)
-from edgec.stages.quantize import accuracy, schemes, simulate
+from edgec.core import quant_schemes as schemes
+from edgec.stages.quantize import accuracy, simulate
 from edgec.core.quant_layers import PRECISIONS, find_layers
 from edgec.core.reference import reference_session
 from edgec.runtime import load
@@ -236,7 +238,7 @@ def test_compiled_mode_is_close_to_fp32_and_matches_its_simulation(mode, min_cos
                 "int8-static": "int8-static"}[mode]
     assert [(l["name"], l["precision"]) for l in quant.layers] == [
         ("embed", "int8-weight"), ("fc1", expected), ("fc2", expected)]
-    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out)[0], tmp_path, held_out)
     reference = _reference(model, held_out)
     result = accuracy.compare(reference, outputs)
     assert result["outputs"]["hidden"]["min_cosine"] >= min_cosine
@@ -262,7 +264,7 @@ def test_simulation_runs_on_opset_9_graphs(tmp_path):
         quant = quantize(model, prof, target, QuantizeSettings(mode, 1.0), held_out)
         assert quant.accuracy["simulated"]["drop"] < 0.05
     assert [l["precision"] for l in quant.layers] == ["int8-weight"] * 2 + ["int8-dynamic"]
-    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out)[0], tmp_path, held_out)
     simulated = simulate.run(simulate.simulated_model(
         model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
         {}, "asymmetric"), [s.arrays for s in held_out])
@@ -274,7 +276,7 @@ def test_int8_cnn_static_matches_fp32_top1(tmp_path):
     held_out = cnn_samples(4, 1)
     quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
     assert all(l["precision"] == "int8-static" for l in quant.layers)
-    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out), tmp_path, held_out)
+    outputs = _run(build_guarded(model, the_plan, [target], quant, held_out)[0], tmp_path, held_out)
     result = accuracy.compare(_reference(model, held_out), outputs, ["logits"])
     assert result["outputs"]["logits"]["min_cosine"] >= 0.995
     assert result["outputs"]["logits"]["top1_agreement"] >= 0.9
@@ -295,7 +297,7 @@ def test_batch_norm_folded_and_residual_convolutions_are_quantized_too(mode, tmp
     model, target, prof, the_plan = _setup(proto, samples[:6])
     held_out = samples[6:]
     quant = quantize(model, prof, target, QuantizeSettings(mode, 0.5), held_out)
-    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)[0]
     assert {l["precision"] for l in quant.layers} == {mode}
     linked = artifact.manifest["libraries"][TARGET]["linked_functions"]
     suffix = "w8" if mode == "int8-weight" else "i8"
@@ -376,7 +378,7 @@ def test_guard_keeps_the_most_sensitive_layers_fp32_within_budget(tmp_path):
     most_sensitive = max(loose.layers, key=lambda l: l["sensitivity"])["name"]
     assert most_sensitive in kept
     assert quant.accuracy["simulated"]["drop"] <= budget
-    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)[0]
     manifest = artifact.manifest["quantization"]
     assert manifest["mode"] == "int8-static" and manifest["fp32_layers"] == kept
     assert manifest["accuracy"]["measured"]["drop"] <= budget
@@ -470,7 +472,7 @@ def test_fp16_builds_cuda_programs_in_half_precision():
     assert [(l["name"], l["precision"]) for l in quant.layers] == [("fc1", "fp16"), ("fc2", "fp16")]
     assert quant.accuracy["simulated"]["drop"] < 1e-4
     fp32 = build(model, the_plan, [gpu])
-    fp16 = build_guarded(model, the_plan, [gpu], quant, samples[:3])
+    fp16 = build_guarded(model, the_plan, [gpu], quant, samples[:3])[0]
     saved = fp32.manifest["libraries"]["cuda-sm89"]["bytes"] - fp16.manifest["libraries"]["cuda-sm89"]["bytes"]
     assert saved > 100_000  # 260 KB of fp32 weights stored as fp16
     recorded = fp16.manifest["quantization"]
@@ -563,7 +565,7 @@ def test_layers_without_an_int8_form_are_reported_fp32(monkeypatch):
     model, target, prof, the_plan = _setup(_model(graph), samples[:3])
     quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), samples[3:])
     assert quant.layers[0]["precision"] == "int8-static"
-    artifact = build_guarded(model, the_plan, [target], quant, samples[3:])
+    artifact = build_guarded(model, the_plan, [target], quant, samples[3:])[0]
     layer = artifact.manifest["quantization"]["layers"][0]
     assert layer["precision"] == "fp32" and "no int8 form" in layer["reason"]
     assert artifact.manifest["quantization"]["fp32_layers"] == ["conv"]
@@ -578,7 +580,7 @@ def test_cpp_host_runs_an_int8_artifact_like_the_python_runtime(tmp_path):
     model, target, prof, the_plan = _setup(small_cnn(), cnn_samples(6, 0))
     held_out = cnn_samples(2, 1)
     quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.5), held_out)
-    path = build_guarded(model, the_plan, [target], quant, held_out).save(tmp_path / "q.edgec")
+    path = build_guarded(model, the_plan, [target], quant, held_out)[0].save(tmp_path / "q.edgec")
     expected = load(path).run(held_out[0].arrays)
     got = run_host(build_host(), path, held_out[0].arrays, tmp_path / "host")
     np.testing.assert_allclose(got["logits"], expected["logits"], rtol=0, atol=1e-5)
@@ -589,7 +591,7 @@ def test_auto_weighs_integer_against_weight_only_by_measured_latency():
     held_out = embed_samples(3, 1)
     quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)
     assert {l["precision"] for l in quant.layers if l["kind"] == "dense"} == {"int8-static"}
-    artifact = build_guarded(model, the_plan, [target], quant, held_out)
+    artifact = build_guarded(model, the_plan, [target], quant, held_out)[0]
     cost = artifact.manifest["quantization"]["cost"]
     assert cost["integer_ms"] > 0 and cost["weight_only_ms"] > 0
     dense = {l["precision"] for l in artifact.manifest["quantization"]["layers"]

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec.core import remote, runtime, zoo
+from edgec import runtime, zoo
+from edgec.core import remote
 from edgec.core.targets import load_target
 
 ARM = load_target("arm64-cortex-a72")

@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import edgec.runtime
-from edgec import tune as tune_lib
+from edgec.tools import tune as tune_lib
 from edgec.stages.build import build
 from edgec.compiler import tuning_database
 from edgec.core.model import from_proto

@@ -406,7 +406,8 @@ def test_digits_int8_static_keeps_held_out_accuracy_within_a_point(tmp_path):
     from edgec.core.model import from_proto
     from edgec.stages.plan import plan
     from edgec.stages.profile import profile
-    from edgec.stages.quantize import QuantizeSettings, build_guarded, quantize
+    from edgec.driver import build_guarded
+    from edgec.stages.quantize import QuantizeSettings, quantize
     from edgec.runtime import load
     from edgec.core.samples import Sample
     from edgec.core.targets import load_target
@@ -421,7 +422,7 @@ def test_digits_int8_static_keeps_held_out_accuracy_within_a_point(tmp_path):
     quant = quantize(model, prof, target, QuantizeSettings("int8-static", 0.01), held_out)
     accuracies = {}
     for name, artifact in (("fp32", build(model, the_plan, [target])),
-                           ("int8", build_guarded(model, the_plan, [target], quant, held_out))):
+                           ("int8", build_guarded(model, the_plan, [target], quant, held_out)[0])):
         compiled = load(artifact.save(tmp_path / f"{name}.edgec"))
         hits = [compiled.run(inputs)["logits"].argmax(-1) == labels for inputs, labels in batches]
         accuracies[name] = float(np.mean(np.concatenate(hits)))

@@ -119,6 +119,56 @@ def runtime_kernels(compiler: str = "g++", functions: Iterable[str] | None = Non
     return NativeAddon("runtime_kernels", (str(obj),), ("-fopenmp",), ("libgomp.so.1",))
 
 
+def int8_addon(compiler: str = "g++", functions: tuple[str, ...] | None = None) -> NativeAddon:
+    """The parts of ``edgec/native/dnnl_int8.cc`` (dense, conv) that define ``functions`` (the
+    ``edgec_q8_*`` a program calls; None: all), each compiled like the fp32 shim (cached by
+    content hash) into its own object with only those exports, so a library links what it
+    calls.
+
+    Like the fp32 shim, it needs ``libdnnl.so.2`` at run time (a library whose every layer is
+    int8 no longer links the fp32 shim).
+    """
+    parts = [part for part in ("dense", "conv")
+             if functions is None or any(f.startswith(f"edgec_q8_{part}") for f in functions)]
+    objects = tuple(str(_compile_object(
+        NATIVE_DIR / "dnnl_int8.cc", compiler, missing_header_hint=DNNL_INSTALL_HINT,
+        header="dnnl.hpp",
+        defines=(f"EDGEC_Q8_{part.upper()}", *only_exports(functions)))) for part in parts)
+    _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
+    return NativeAddon("dnnl_int8", objects, ("-ldnnl",), ("libdnnl.so.2",))
+
+
+# The prefixes of the functions each addon defines, in link order: the library shims (whose calls
+# ``transform.library_offload`` and ``transform.quantized`` write), then edgec's own kernels.
+_LIBRARY_PREFIXES = {"dnnl": "edgec_dnnl_", "xnnpack": "edgec_xnn_", "dnnl_int8": "edgec_q8_"}
+RUNTIME_KERNELS = {"edgec_nonzero", "edgec_unique", "edgec_recurrent", "edgec_rows_append",
+                   "edgec_rows_take"}
+# The shim of each library route (a target file's [libraries] key).
+ROUTE_SHIMS = {"dnnl": dnnl_shim, "xnnpack": xnnpack_shim}
+
+
+def is_library_function(symbol: str) -> bool:
+    """Whether ``symbol`` is a function of a library shim (oneDNN, XNNPACK), whose own threads
+    then run on the cores."""
+    return symbol.startswith(tuple(_LIBRARY_PREFIXES.values()))
+
+
+def addons_for(symbols: Iterable[str], compiler: str) -> list[NativeAddon]:
+    """The compiled addons that define the edgec functions among ``symbols`` (a program's
+    external calls), each exporting only those; compiled with ``compiler``."""
+    symbols = set(symbols)
+    builders = {"dnnl": dnnl_shim, "xnnpack": xnnpack_shim, "dnnl_int8": int8_addon}
+    addons = []
+    for name, prefix in _LIBRARY_PREFIXES.items():
+        called = tuple(sorted(s for s in symbols if s.startswith(prefix)))
+        if called:
+            addons.append(builders[name](compiler, called))
+    kernels = tuple(sorted(symbols & RUNTIME_KERNELS))
+    if kernels:
+        addons.append(runtime_kernels(compiler, kernels))
+    return addons
+
+
 def _compiler_version(compiler: str) -> str:
     if shutil.which(compiler) is None:
         raise ToolchainError(

@@ -27,8 +27,8 @@ import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from edgec.errors import StageInputError
 from edgec.core.targets import Target, autotune_dir
+from edgec.errors import StageInputError
 
 RECORDS_FILE = "tuning_records.jsonl"
 

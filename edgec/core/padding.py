@@ -37,6 +37,8 @@ outputs must match. ``compiler.dispatch`` then compiles the padding and slicing 
 """
 
 from __future__ import annotations
+from edgec.core.reference import reference_session
+from edgec.core.samples import sample_dims
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -126,7 +128,6 @@ def _run_shapes(proto: onnx.ModelProto, names: list[str], shapes: dict, elems: d
     """Type ``names`` by running ``proto`` in onnxruntime on zero inputs at the probe shapes
     (ONNX inference leaves a value untyped where its shape comes from a computed tensor, such as a
     ``Slice`` of positions up to a length read from a shape). Values it cannot run stay untyped."""
-    from edgec.core.reference import reference_session
 
     feed = {}
     for value in proto.graph.input:
@@ -375,8 +376,6 @@ def check_on_samples(model, cut, region: onnx.ModelProto, padding: Mapping[str, 
     outputs sliced back must equal the others (rtol 1e-4, atol 1e-5). Returns None when they do,
     else what differs. ``samples`` are the model's; a later region's inputs are the values the
     whole model computes for them."""
-    from edgec.core.reference import reference_session
-    from edgec.core.samples import sample_dims
 
     pad_dims = list(padding["dims"])
     inputs = {k: [(int(a), d) for a, d in v] for k, v in padding["inputs"].items()}

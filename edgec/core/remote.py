@@ -34,9 +34,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from edgec import runtime
+from edgec.core.targets import Target, load_target
 from edgec.errors import ArtifactError, SamplesError, TargetError, ToolchainError, describe
 from edgec.runtime.signature import TensorSpec, bind_inputs
-from edgec.core.targets import Target, load_target
 
 # What each run mode's latencies are worth, as bench results record it.
 TIMING = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edgec.errors import InputFileError, SamplesError
 from edgec.core.model import Model
+from edgec.errors import InputFileError, SamplesError
 from edgec.runtime.signature import bind_inputs
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgec.errors import TargetError
+from edgec.runtime import best_for_host, host_arch
 
 TARGETS_DIR = Path(__file__).resolve().parents[2] / "targets"
 AUTOTUNE_DIR = Path(__file__).resolve().parents[2] / "autotune"
@@ -137,7 +138,6 @@ def default_target(directory: Path = TARGETS_DIR) -> Target:
     Same rule as the runtime's choice of library (``edgec.runtime.best_for_host``): this CPU's
     architecture, no CPU feature it lacks, the most features.
     """
-    from edgec.runtime import best_for_host, host_arch  # the runtime owns the rule
 
     targets = {t.name: {**t.to_json(), "device": "cpu"} for t in list_targets(directory)
                if t.run.get("mode", "local") == "local"}

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from edgec.errors import ModelError
 from edgec.core.model import Model
+from edgec.errors import ModelError
 from edgec.runtime.signature import Dim, TensorSpec
 
 # The control-flow operators of torch.export (``torch.ops.higher_order``), by target name.

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from edgec.compiler.backends import backend_for
 from edgec.compiler.importer.recurrent import native_loop_fits
 from edgec.core.model import Model, all_nodes, subgraphs
 from edgec.core.regions import RegionCut
@@ -185,12 +186,12 @@ def region_features(model: Model, cut: RegionCut, dims: Mapping[str, int], optio
         elif op in _SHAPE:
             counts["shape"] += 1
         elif op in _RECURRENT:
-            # compiler/recurrent.py: the input projection is one library matmul before the loop;
+            # importer/recurrent.py: the input projection is one library matmul before the loop;
             # each step a matmul with R and the gates, in edgec's native loop on CPU targets
             # (one call, no per-step overhead) or as a Scan.
             x, w, r = (ins[k][1] if len(ins) > k and ins[k] is not None else [] for k in range(3))
             elem_type = ins[0][0] if ins and ins[0] else 0
-            native = target.kind == "llvm" and native_loop_fits(node, elem_type)
+            native = backend_for(target).native_kernels and native_loop_fits(node, elem_type)
             if len(x) == 3 and len(w) == 3 and len(r) == 3:
                 steps, rows = (x[1], x[0]) if _batch_major(node) else (x[0], x[1])
                 per_input = 2.0 * (steps or 1) * (rows or 1) * (w[0] or 1) * (w[1] or 1)

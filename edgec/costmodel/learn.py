@@ -6,6 +6,7 @@ error a model never seen gets). Nothing is pickled: a fitted learner is plain JS
 """
 
 from __future__ import annotations
+from edgec.costmodel.features import FEATURE_NAMES
 
 import math
 from dataclasses import dataclass
@@ -228,8 +229,6 @@ class Roofline:
 
 
 def make(name: str):
-    from edgec.costmodel.features import FEATURE_NAMES
-
     core = [FEATURE_NAMES.index(n) for n in CORE_FEATURES]
     return {"ridge": Ridge, "ridge-core": lambda: Ridge(1.0, core), "gbdt": BoostedTrees,
             "roofline": lambda: Roofline(FEATURE_NAMES)}[name]()

@@ -13,12 +13,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from edgec.errors import StageInputError
-from edgec.fileio import load_json_value, save_json_value
 from edgec.core.targets import Target, autotune_dir
 from edgec.costmodel import learn
 from edgec.costmodel.features import FEATURE_NAMES, vector
 from edgec.costmodel.store import COSTMODEL_FILE
+from edgec.errors import StageInputError
+from edgec.fileio import load_json_value, save_json_value
 
 COSTMODEL_VERSION = 1
 

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from edgec.errors import StageInputError
 from edgec.core.targets import Target, autotune_dir
+from edgec.errors import StageInputError
 
 MEASUREMENTS_FILE = "measurements.jsonl"
 COSTMODEL_FILE = "costmodel.json"

@@ -23,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from edgec.errors import ArtifactError, InputFileError, describe
+from edgec.fileio import write_bytes
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -92,8 +93,6 @@ class Artifact:
         return cls(manifest, files, signature, stored_manifest)
 
     def save(self, path: str | Path) -> Path:
-        from edgec.fileio import write_bytes  # the writer side only; the loader needs no file writes
-
         return write_bytes(path, self.to_bytes())
 
     @classmethod

@@ -21,15 +21,21 @@ from typing import Any, Callable
 
 import numpy as np
 
-from edgec.core import remote
 from edgec import runtime
-from edgec.errors import EdgecError
-from edgec.fileio import load_json_value, save_json_value
+from edgec.core import remote
 from edgec.core.model import Model
-from edgec.stages.plan import check_matches
 from edgec.core.provenance import tool_versions
 from edgec.core.reference import reference_session
+from edgec.core.regions import cut_regions
 from edgec.core.samples import Sample, sample_dims
+from edgec.core.targets import load_target
+from edgec.costmodel.decide import dims_key
+from edgec.costmodel.features import region_features
+from edgec.costmodel.store import append_measurements
+from edgec.errors import EdgecError
+from edgec.fileio import load_json_value, save_json_value
+from edgec.stages.build import build
+from edgec.stages.plan import Plan, PlanSettings, Region, check_matches
 
 BENCH_VERSION = 1
 
@@ -236,8 +242,6 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
     A plan of several regions is timed region by region (each region's function called alone on
     the inputs the regions before it produced); a one-region plan's time is ``main``'s.
     """
-    from edgec.costmodel.decide import dims_key
-    from edgec.core.regions import cut_regions
 
     if not isinstance(compiled, runtime.Model):
         return []  # only a local VM's times are the cost model's (not RPC's, not qemu's)
@@ -288,10 +292,6 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
 def record_measurements(target_name: str, model: Model, rows: list[dict[str, Any]],
                         threads: int) -> None:
     """Append bench's per-region timings to the target's measurement store."""
-    from edgec.costmodel.features import region_features
-    from edgec.costmodel.store import append_measurements
-    from edgec.core.regions import cut_regions
-    from edgec.core.targets import load_target
 
     target = load_target(target_name)
     cuts = cut_regions(model)
@@ -311,9 +311,6 @@ BASELINES = ("onnxruntime", "onnxruntime-1t", "tvm-plain")
 
 def _plain_tvm_build(model: Model, target_name: str, tmp: Path) -> Callable:
     """The same model built by TVM with no plan (symbolic, no specialization), loaded to run."""
-    from edgec.stages.build import build
-    from edgec.stages.plan import Plan, PlanSettings, Region
-    from edgec.core.targets import load_target
 
     target = load_target(target_name)
     nodes = [n.name for n in model.proto.graph.node]

@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
-from edgec.compiler.backends.llvm import codegen_for
-from edgec.compiler.transform.shape_dispatch import add_shape_dispatch, lower_regions, pad_spec, region_functions
-from edgec.compiler.importer.from_onnx import import_onnx
+from edgec.compiler import pipeline
+from edgec.compiler.backends import backend_for
+from edgec.compiler.transform.shape_dispatch import (add_shape_dispatch, lower_regions, pad_spec,
+                                                     region_functions)
 from edgec.compiler.transform.value_dispatch import add_value_dispatch
-from edgec.errors import EdgecError, ModelError, describe
-from edgec.core.model import Model
-from edgec.stages.plan import Plan, check_matches
+from edgec.core.model import Model, from_proto
 from edgec.core.provenance import tool_versions
-from edgec.stages.quantize import Quantization
-from edgec.compiler.transform.quantized import library_rewrite
-from edgec.compiler.transform.fp16 import fp16_rewrite
-from edgec.runtime.artifact import FORMAT_VERSION, Artifact, sha256_hex
-from edgec.runtime.signature import TensorSpec
+from edgec.core.regions import RegionCut, region_model
 from edgec.core.targets import Target
+from edgec.errors import EdgecError, ModelError, describe
+from edgec.runtime.artifact import Artifact, FORMAT_VERSION, sha256_hex
+from edgec.runtime.signature import TensorSpec
+from edgec.stages.plan import Plan, check_matches
+from edgec.stages.quantize import Quantization
 
 
 def _functions(plan: Plan) -> list[dict[str, Any]]:
@@ -38,16 +39,6 @@ def _functions(plan: Plan) -> list[dict[str, Any]]:
     if region.specializations:
         functions.append({"name": "generic", "kind": "symbolic fallback"})
     return functions
-
-
-def _import(model: Model, constants: dict[str, Any], native_loops: bool) -> Any:
-    """The model as a Relax module, through the frontend of its kind; ``constants`` are the inputs
-    the plan fixed (found by the ONNX profile only); ``native_loops``: see ``import_onnx``."""
-    if model.kind == "torch":
-        from edgec.compiler.importer.from_torch import import_torch  # torch is an optional extra
-
-        return import_torch(model)
-    return import_onnx(model, constants, native_loops=native_loops)
 
 
 def fixed_inputs(model: Model, plan: Plan) -> list[TensorSpec]:
@@ -73,68 +64,73 @@ def _programs(model: Model, plan: Plan, native_loops: bool) -> list[tuple[list[T
     """
     inputs = fixed_inputs(model, plan)
     constants = {spec.name: spec.fixed_array() for spec in inputs if spec.fixed_value is not None}
-    fixed = _import(model, constants, native_loops)
+    fixed = pipeline.import_model(model, constants, native_loops)
     if not constants or any(isinstance(d, str) for s in inputs if s.name in constants for d in s.dims):
         return [(inputs, fixed)]  # a value check needs the input's shape fixed too
     try:
-        general = import_onnx(model, native_loops=native_loops)
+        general = pipeline.import_model(model, native_loops=native_loops)
     except ModelError:  # no general path
         return [(inputs, fixed)]
     return [(list(model.inputs), add_value_dispatch(fixed, general, constants)), (inputs, fixed)]
 
 
-def _compile(mod: Any, targets: list[Target], rewrite: Any) -> list[tuple[Any, Any]]:
-    """Each target's codegen and the library it compiled ``mod`` into (``rewrite``: quantization's
-    library rewrite, or None)."""
-    compiled = []
-    for target in targets:
-        codegen = codegen_for(target)
-        compiled.append((codegen, codegen.compile(mod, target, library_rewrite=rewrite)))
-    return compiled
+def _compile(mod: Any, targets: list[Target], options: pipeline.Options,
+             dump_ir: pipeline.DumpIR | None) -> list[tuple[Any, pipeline.Record]]:
+    """Each target's library compiled from ``mod``, and what its passes recorded."""
+    return [pipeline.compile(mod, target, options, dump_ir) for target in targets]
+
+
+def _regions_module(model: Model, plan: Plan, native_loops: bool, exact_dispatch: bool):
+    """The plan's regions, each imported alone, called in order by ``main``."""
+    regions = [{"name": r.name, "inputs": r.inputs, "outputs": r.outputs,
+                "specializations": [s["dims"] for s in r.specializations],
+                "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions]
+    modules = [pipeline.import_model(from_proto(
+        region_model(model, RegionCut(r.nodes, r.inputs, r.outputs, ""), r.name),
+        f"{model.name}.{r.name}"), native_loops=native_loops) for r in plan.regions]
+    return lower_regions(model, regions, modules)
 
 
 def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str = "given",
-          quantization: Quantization | None = None, exact_dispatch: bool = False) -> Artifact:
+          quantization: Quantization | None = None, exact_dispatch: bool = False,
+          dump_ir: str | Path | None = None) -> Artifact:
     """Compile ``model`` for each target as ``plan`` says and return the artifact.
 
     One VM program per target holds the shape-specialized functions, the dispatch in ``main``
     that picks one or falls back to the symbolic function, and the weights. ``targets_chosen``
     says in the manifest how the targets were picked ("given", or why edgec picked them).
     ``quantization`` (the quantize stage's result) turns its layers into int8 kernels and int8
-    weights. ``exact_dispatch`` also keeps, beside a padding dispatch, the dispatch without its
-    buckets (``NAME__exact``; ``costmodel collect`` times both).
+    weights; the manifest records what the program holds (``Quantization.as_compiled``): a
+    layer the program has no int8 form of is fp32 there. Nothing passed in is changed.
+    ``exact_dispatch`` also keeps, beside a padding dispatch, the dispatch without its buckets
+    (``NAME__exact``; ``costmodel collect`` times both). ``dump_ir``: a folder to write the
+    module into after each phase (``edgec.compiler.pipeline``).
     """
     check_matches(model, plan.model_sha256, "plan")
     if not targets:
         raise EdgecError("no target given; pass --target (see `edgec targets`)")
-    rewrite = None
-    rewritten: dict[str, int] = {}
-    if quantization is not None and quantization.active:
+    active = quantization is not None and quantization.active
+    if active:
         check_matches(model, quantization.model_sha256, "quantize")
-        if quantization.settings.mode == "fp16":
-            rewrite = fp16_rewrite([l["name"] for l in quantization.layers
-                                    if l["precision"] == "fp16"], rewritten)
-        else:
-            rewrite = library_rewrite(model.proto, quantization.decisions(),
-                                      quantization.settings.scheme, rewritten)
     functions = _functions(plan)
     # edgec's native loops (recurrent layers) run on the CPU: not in a module built for a GPU.
-    native_loops = all(target.kind == "llvm" for target in targets)
+    native_loops = all(backend_for(target).native_kernels for target in targets)
+    options = pipeline.Options(native_loops=native_loops,
+                               quantized=quantization.lowering(model.proto) if active else None)
+    dump = pipeline.DumpIR(dump_ir) if dump_ir is not None else None
     if plan.multi_region:
         inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole
         try:
-            mod = lower_regions(model, [
-                {"name": r.name, "nodes": r.nodes, "inputs": r.inputs, "outputs": r.outputs,
-                 "specializations": [s["dims"] for s in r.specializations],
-                 "padding": r.padding, "exact_dispatch": exact_dispatch} for r in plan.regions],
-                native_loops=native_loops)
+            mod = _regions_module(model, plan, native_loops, exact_dispatch)
         except (ModelError, ValueError) as exc:
             # A region that does not import alone (an op needing a constant another region
             # computes) must not cost the model: compile it whole, symbolic, and say so.
-            mod = _import(model, {}, native_loops)
+            mod = pipeline.import_model(model, native_loops=native_loops)
             functions = [{"name": "main", "kind": "symbolic",
                           "note": f"regions not lowered separately: {describe(exc)}"}]
-        compiled = _compile(mod, targets, rewrite)
+        if dump is not None:
+            dump.write("specialize", mod)
+        compiled = _compile(mod, targets, options, dump)
     else:
         specializations = [s["dims"] for s in plan.regions[0].specializations]
         programs = _programs(model, plan, native_loops)
@@ -142,24 +138,30 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             try:
                 padding = pad_spec(plan.regions[0].padding, [i.name for i in inputs],
                                    [o.name for o in model.outputs])
-                compiled = _compile(add_shape_dispatch(mod, specializations, padding=padding,
-                                                       exact_dispatch=exact_dispatch),
-                                    targets, rewrite)
+                mod = add_shape_dispatch(mod, specializations, padding=padding,
+                                         exact_dispatch=exact_dispatch)
+                if dump is not None:
+                    dump.write("specialize", mod)
+                compiled = _compile(mod, targets, options, dump)
                 break
             except EdgecError:  # the general fallback may not compile: keep only the fixed program
                 if attempt == len(programs) - 1:
                     raise
     libraries: dict[str, Any] = {}
     files: dict[str, bytes] = {}
-    for target, (codegen, library) in zip(targets, compiled):
+    quantized_calls: dict[str, int] = {}
+    for target, (library, record) in zip(targets, compiled):
+        device = backend_for(target).device
+        for layer, calls in record.quantized_calls.items():
+            quantized_calls[layer] = quantized_calls.get(layer, 0) + calls
         file = f"lib/{target.name}.so"
         files[file] = library.data
         libraries[target.name] = {
             "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
             "arch": target.arch, "cpu_features": list(target.cpu_features),
-            "kind": target.kind, "device": codegen.device,
+            "kind": target.kind, "device": device,
             # Where kernels run; the VM's control flow and shape dispatch always run on the CPU.
-            "placement": {"kernels": codegen.device, "control_flow": "cpu"},
+            "placement": {"kernels": device, "control_flow": "cpu"},
             "tvm_target": target.tvm, "functions": functions,
             "native_dependencies": library.native_dependencies,
             "tuning": library.tuning,
@@ -167,8 +169,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "vm_exec_mode": library.vm_exec_mode,
             "linked_functions": library.linked_functions,
         }
-    if rewrite is not None:
-        quantization.mark_not_compiled(rewritten)
+    if active:
+        quantization = quantization.as_compiled(quantized_calls)
     manifest = {
         "format_version": FORMAT_VERSION,
         "model": {"name": model.name, "sha256": model.sha256, "opset": model.opset,

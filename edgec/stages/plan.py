@@ -33,12 +33,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from edgec.core import padding
+from edgec.core.model import Model
+from edgec.core.provenance import tool_versions
+from edgec.core.regions import RegionCut, cut_regions, region_dims, region_model
+from edgec.core.targets import Target
+from edgec.costmodel import decide
+from edgec.costmodel.features import loop_trips, region_features
+from edgec.costmodel.model import CostModel, default_path, load_for
 from edgec.errors import EdgecError, StageInputError
 from edgec.fileio import load_json_value, save_json_value
-from edgec.core.model import Model
 from edgec.stages.profile import Profile
-from edgec.core.provenance import tool_versions
-from edgec.core.targets import Target
 
 PLAN_VERSION = 1
 POLICIES = ("specialize-seen", "symbolic", "specialize-then-generalize", "auto", "oracle")
@@ -109,8 +114,6 @@ class Region:
                    doc.get("dims", []), doc.get("options", []), doc.get("padding", {}))
 
     def cut(self, model: Model):
-        from edgec.core.regions import RegionCut
-
         return RegionCut(self.nodes, self.inputs or [i.name for i in model.proto.graph.input],
                          self.outputs or [o.name for o in model.proto.graph.output], self.boundary)
 
@@ -243,8 +246,6 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     :func:`_choices_alike`); False keeps the regions (measuring and evaluating them needs that);
     True plans one program.
     """
-    from edgec.costmodel import decide
-    from edgec.core.regions import cut_regions, region_dims
 
     settings.check()
     check_matches(model, prof.model_sha256, "profile")
@@ -280,11 +281,7 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
         budgets.bytes_of = cost_model.library_bytes
         budgets.fixed_bytes = float(sum(len(i.raw_data) for i in model.proto.graph.initializer))
     elif settings.compile_budget_s or settings.max_artifact_mb:
-        from edgec.costmodel.model import default_path
-
         if default_path(target).is_file():
-            from edgec.costmodel.model import CostModel
-
             loaded = CostModel.load(default_path(target))
             budgets.seconds_of, budgets.bytes_of = loaded.compile_seconds, loaded.library_bytes
             budgets.fixed_bytes = float(sum(len(i.raw_data) for i in model.proto.graph.initializer))
@@ -394,8 +391,6 @@ def _choices_alike(regions: list[Region]) -> bool:
 def region_padding(model: Model, cut, index: int, dims: list[str], distribution, samples,
                    whole: bool) -> dict[str, Any]:
     """The padding a region may use (``edgec.core.padding.region_padding``) on its ONNX graph."""
-    from edgec.core import padding
-    from edgec.core.regions import region_model
 
     proto = model.proto if whole else region_model(model, cut, f"region_{index}")
     return padding.region_padding(model, cut, proto, dims, distribution, samples)
@@ -404,7 +399,6 @@ def region_padding(model: Model, cut, index: int, dims: list[str], distribution,
 def _coverage(spaces, ks, distribution) -> float:
     """The share of samples every region of which runs a specialized (or static) function,
     padded or not."""
-    from edgec.costmodel import decide
 
     covered = 0.0
     for graph_dims, share in distribution:
@@ -432,9 +426,6 @@ def _latency_source(model, prof, target, settings, cuts, cost_model, measured):
             raise EdgecError("policy oracle measures every option: pass samples "
                              "(`edgec plan --policy oracle --samples DIR`)")
         return measured, cost_model
-    from edgec.costmodel.features import loop_trips, region_features
-    from edgec.costmodel.model import CostModel, default_path, load_for
-    from edgec.core.regions import region_dims
 
     if settings.policy != "auto":
         # A fixed policy decides without the cost model; with one at hand, the plan still
@@ -472,7 +463,6 @@ def _policy_choice(space, settings: PlanSettings, distribution, latency, samples
                    pad_dims: tuple[str, ...] = ()):
     """How many hot shapes the policy specializes in this region, why, and the space chosen
     from (``space`` itself, or its padded variant, ``decide.padded_space``)."""
-    from edgec.costmodel import decide
 
     if not space.dims:
         return 0, "no profiled dim reaches this region", space
@@ -522,8 +512,6 @@ def _policy_choice(space, settings: PlanSettings, distribution, latency, samples
 
 def _options_table(plain, chosen_space, chosen_k, settings, distribution, latency,
                    budgets, pad_dims=()) -> list[dict[str, Any]]:
-    from edgec.costmodel import decide
-
     variants = [plain]
     if chosen_space.pad_dims:
         variants.append(chosen_space)

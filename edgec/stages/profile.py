@@ -23,13 +23,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.errors import ModelError, SamplesError, describe
-from edgec.fileio import load_json_value, save_json_value
 from edgec.core.model import Model, all_nodes, expose_activations
-from edgec.runtime.signature import TensorSpec
 from edgec.core.provenance import tool_versions
+from edgec.core.quant_layers import find_layers
 from edgec.core.reference import reference_for, reference_session
 from edgec.core.samples import Sample, sample_dims
+from edgec.errors import ModelError, SamplesError, describe
+from edgec.fileio import load_json_value, save_json_value
+from edgec.runtime.signature import TensorSpec
 
 PROFILE_VERSION = 1
 _TRIPS_SUFFIX = "__edgec_trips"
@@ -200,7 +201,6 @@ def _calibrated_activations(model: Model) -> set[str]:
     """The tensors a quantized layer would take as input: those get histograms."""
     if model.proto is None:
         return set()
-    from edgec.core.quant_layers import find_layers  # here: edgec.stages.quantize imports this module
 
     return {layer.activation for layer in find_layers(model.proto) if layer.kind != "embedding"}
 

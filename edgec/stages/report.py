@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgec.stages.bench import BenchResult
 from edgec.errors import EdgecError, StageInputError
 from edgec.fileio import write_text
+from edgec.stages.bench import BenchResult
 
 _COLUMNS = (
     "model", "target", "edgec_p50_ms", "edgec_p90_ms", "edgec_p99_ms", "onnxruntime_p50_ms",

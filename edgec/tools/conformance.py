@@ -25,13 +25,12 @@ import onnx
 from onnx import numpy_helper
 
 from edgec import runtime
-from edgec.stages.build import build
-from edgec.errors import EdgecError, SamplesError, describe
 from edgec.core.model import from_proto
-from edgec.stages.plan import plan
-from edgec.stages.profile import profile
 from edgec.core.samples import Sample
 from edgec.core.targets import load_target
+from edgec.driver import compile as compile_model
+from edgec.errors import EdgecError, SamplesError, describe
+from edgec.fileio import write_text
 
 STATUSES = ("pass", "fail", "error", "crash", "timeout")
 
@@ -47,8 +46,7 @@ def run(model: onnx.ModelProto, inputs: list[np.ndarray], target: str = "x86_64"
     arrays = {spec.name: np.asarray(value) for spec, value in zip(loaded.inputs, inputs)}
     sample = Sample("inputs", arrays)
     the_target = load_target(target)
-    the_plan = plan(loaded, profile(loaded, [sample]), the_target)
-    artifact = build(loaded, the_plan, [the_target])
+    artifact = compile_model(loaded, [sample], [the_target]).artifact
     with tempfile.TemporaryDirectory(prefix="edgec-conformance-") as tmp:
         path = artifact.save(Path(tmp) / "case.edgec")
         outputs = runtime.load(path).run(arrays)
@@ -259,7 +257,6 @@ def write_results(results: list[CaseResult], directory: str | Path) -> None:
     import csv
     import io
 
-    from edgec.fileio import write_text
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")

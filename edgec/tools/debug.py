@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from edgec import runtime
-from edgec.stages.bench import compare_outputs
-from edgec.errors import EdgecError
-from edgec.stages.build import build
 from edgec.core.model import Model, expose_activations, from_proto
-from edgec.stages.plan import PlanSettings, plan
-from edgec.stages.profile import profile
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target
+from edgec.driver import CompileSettings, compile as compile_model
+from edgec.errors import EdgecError
+from edgec.stages.bench import compare_outputs
+from edgec.stages.plan import PlanSettings
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,11 @@ def debug(model: Model, samples: list[Sample], target: Target, tolerance: float 
         raise EdgecError(f"'{model.name}' is a PyTorch program; edgec debug compares node by node "
                          f"with onnxruntime and needs an ONNX model")
     exposed = from_proto(expose_activations(model.proto), f"{model.name}-debug")
-    the_plan = plan(exposed, profile(exposed, samples), target, settings)
-    region_of = {node: region.name for region in the_plan.regions for node in region.nodes}
+    compiled_model = compile_model(exposed, samples, [target], CompileSettings(plan=settings))
+    region_of = {node: region.name for region in compiled_model.plan.regions
+                 for node in region.nodes}
     with tempfile.TemporaryDirectory(prefix="edgec-debug-") as tmp:
-        path = build(exposed, the_plan, [target]).save(Path(tmp) / "debug.edgec")
+        path = compiled_model.artifact.save(Path(tmp) / "debug.edgec")
         compiled = runtime.load(path, target=target.name)
     reference = reference_session(exposed.proto, optimize=False)
     worst: dict[str, float] = {}

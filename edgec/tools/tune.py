@@ -3,9 +3,8 @@
 Library dispatch sends convolutions and matmuls to oneDNN; what is left (pooling, softmax, layout
 changes, fused elementwise chains, matmuls of targets without a library) is TVM's own code, which
 gets simple schedules unless a database holds tuned ones. ``edgec tune`` measures candidate
-schedules of exactly those kernels (the module ``LLVMCodegen.prepare`` produces, legalized and
-fused as ``cpu_pipeline`` does) and appends every measured record to
-``autotune/<target>/tuning_records.jsonl``; ``edgec build`` applies the best record per kernel.
+schedules of exactly those kernels (the module after the pipeline's ``legalize`` phase) and
+appends every measured record to ``autotune/<target>/tuning_records.jsonl``; ``edgec build`` applies the best record per kernel.
 
 The database (its format, locking and recovery) is ``edgec.compiler.tuning_database``.
 """
@@ -23,9 +22,17 @@ import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from edgec.errors import CompileError, EdgecError, StageInputError, describe
+from edgec.compiler import pipeline
+from edgec.compiler.backends import backend_for
+from edgec.compiler.transform.schedules import kernels_parallel
+from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
 from edgec.compiler.tuning_database import RECORDS_FILE, TuningDatabase
+from edgec.core.model import load_model
+from edgec.core.samples import load_samples
 from edgec.core.targets import Target, autotune_dir
+from edgec.driver import profile_and_plan
+from edgec.errors import CompileError, EdgecError, StageInputError, describe
+from edgec.runtime import best_for_host, host_arch
 
 # --- measuring: the builder and runner workers of this TVM build need two fixes (TVM_NOTES.md) ---
 
@@ -110,22 +117,20 @@ def _static(func: tvm.tirx.PrimFunc) -> bool:
 def tuning_tasks(mod: tvm.IRModule, target: Target) -> tuple[list, tvm.target.Target]:
     """The kernels of ``mod`` TVM generates for ``target`` (after library dispatch), as tasks.
 
-    Returns the tasks and the TVM target to tune with. Where oneDNN's threads own the cores, TVM's
-    kernels run serially (``LLVMCodegen.prepare``), so they are tuned with one core.
+    Returns the tasks and the TVM target to tune with. Where a library's threads own the cores,
+    TVM's kernels run serially (``transform.schedules.kernels_parallel``), so they are tuned with
+    one core.
     """
-    from edgec.compiler.backends.llvm import codegen_for, fusion_passes
-
-    codegen = codegen_for(target)
-    tvm_target = codegen.tvm_target(target)
-    prepared = codegen.prepare(mod, target)
-    config = dict(tvm_target.export())
-    if not prepared.parallel:
-        config["num-cores"] = 1
-    tune_target = tvm.target.Target(config)
+    tvm_target = backend_for(target).tvm_target(target)
     try:
-        with tvm_target:
-            fused = tvm.transform.Sequential(fusion_passes(tvm_target))(prepared.mod)
+        fused = pipeline.lower_to(mod, target, "legalize")
+        config = dict(tvm_target.export())
+        if not kernels_parallel(fused):
+            config["num-cores"] = 1
+        tune_target = tvm.target.Target(config)
         tasks = ms.relax_integration.extract_tasks(fused, tune_target)
+    except EdgecError:
+        raise
     except Exception as exc:  # TVM's errors from legalizing and fusing
         raise CompileError(f"extracting kernels to tune for '{target.name}' failed: "
                            f"{describe(exc)}") from None
@@ -183,7 +188,6 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
 
 def _check_runs_here(target: Target) -> None:
     """Tuning measures candidates on this machine: the target's code must run here."""
-    from edgec.runtime import best_for_host, host_arch
 
     if best_for_host({target.name: {**target.to_json(), "device": "cpu"}}) is None:
         needs = ", ".join(target.cpu_features) or "no CPU features"
@@ -206,19 +210,11 @@ def tune_model(model_path: str | Path, target: Target, trials: int,
                progress: Any = None) -> TuneSummary:
     """``edgec tune``: load the model, and for a dynamic one plan its shape specializations from
     samples as ``edgec compile`` would, then tune the module ``edgec build`` compiles."""
-    from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
-    from edgec.compiler.importer.from_onnx import import_onnx
-    from edgec.core.model import load_model
-
     model = load_model(model_path)
     specializations: list = []
     if samples_path is not None:
-        from edgec.stages.plan import plan
-        from edgec.stages.profile import profile
-        from edgec.core.samples import load_samples
-
-        the_plan = plan(model, profile(model, load_samples(samples_path, model)), target)
+        _, the_plan = profile_and_plan(model, load_samples(samples_path, model), target)
         if len(the_plan.regions) == 1:
             specializations = [s["dims"] for s in the_plan.regions[0].specializations]
-    mod = add_shape_dispatch(import_onnx(model), specializations)
+    mod = add_shape_dispatch(pipeline.import_model(model), specializations)
     return tune(mod, target, trials, seed=seed, progress=progress)

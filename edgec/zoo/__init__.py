@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from edgec.errors import EdgecError
+from edgec.fileio import npz_bytes
 from edgec.zoo import bucketed, calibration, control_flow, digits, dynamic, light, static
 
 Samples = list[dict[str, np.ndarray]]
@@ -166,21 +167,6 @@ def _write_atomic(path: Path, payload: bytes) -> None:
             tmp.unlink()
 
 
-def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """The bytes ``np.savez`` writes for ``arrays``, but with fixed zip timestamps.
-
-    ``np.savez`` stamps each member with the current time; a fixed stamp makes the same samples
-    byte-identical, so files can be compared and cached by hash. ``np.load`` reads both alike.
-    """
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for key, array in arrays.items():
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(info, "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
 _SAMPLE_FILE = re.compile(r"sample_(\d+)\.npz")
 
 
@@ -207,7 +193,7 @@ def export(name: str, out_dir: str | Path, seed: int = 0, count: int | None = No
     model = model_def.make_model(seed)
     _write_atomic(out / "model.onnx", model.SerializeToString())
     for index, sample in enumerate(model_def.make_samples(count, seed)):
-        _write_atomic(sample_dir / f"sample_{index:03d}.npz", _npz_bytes(sample))
+        _write_atomic(sample_dir / f"sample_{index:03d}.npz", npz_bytes(sample))
     for stale in sample_dir.iterdir():
         match = _SAMPLE_FILE.fullmatch(stale.name)
         if match and int(match.group(1)) >= count:

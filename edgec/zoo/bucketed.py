@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from edgec.zoo import data
-from edgec.zoo.builders import (FLOAT, INT64, GraphBuilder, classifier_head, conv_relu, linear,
+from edgec.zoo.builders import (FLOAT, GraphBuilder, INT64, classifier_head, conv_relu, linear,
                                 make_model, small_normal, value_info)
 
 CNN_BATCH_CLASSES = 10

@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 
 from edgec.zoo import data
-from edgec.zoo.builders import FLOAT, GraphBuilder, he_normal, linear, make_model, small_normal, value_info
+from edgec.zoo.builders import (FLOAT, GraphBuilder, he_normal, linear, make_model, small_normal,
+                                value_info)
 
 Samples = list[dict[str, np.ndarray]]
 

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 
 from edgec.zoo import data
-from edgec.zoo.builders import (BOOL, FLOAT, INT64, GraphBuilder, classifier_head, conv_relu,
+from edgec.zoo.builders import (BOOL, FLOAT, GraphBuilder, INT64, classifier_head, conv_relu,
                                 he_normal, make_model, small_normal, value_info)
 
 CLASSES = 10

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from edgec.fileio import npz_bytes, write_bytes
 from edgec.zoo.builders import FLOAT, GraphBuilder, make_model, value_info
 
 DATA_FILE = Path(__file__).resolve().parent / "digits_data.npz"
@@ -102,13 +103,11 @@ def accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
 def export_held_out(out_dir: str | Path) -> tuple[Path, np.ndarray]:
     """Write the held-out split as ``held_out_NNN.npz`` batches (the layout ``--samples`` and
     ``--held-out-samples`` read) into ``out_dir``; return the folder and the labels in order."""
-    from edgec.fileio import write_bytes
-    from edgec.zoo import _npz_bytes
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     labels = []
     for index, (inputs, batch_labels) in enumerate(held_out_batches()):
-        write_bytes(out / f"held_out_{index:03d}.npz", _npz_bytes(inputs))
+        write_bytes(out / f"held_out_{index:03d}.npz", npz_bytes(inputs))
         labels.append(batch_labels)
     return out, np.concatenate(labels)

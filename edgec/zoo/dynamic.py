@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 
 from edgec.zoo import data
-from edgec.zoo.builders import (FLOAT, INT64, GraphBuilder, linear, make_model, small_normal,
+from edgec.zoo.builders import (FLOAT, GraphBuilder, INT64, linear, make_model, small_normal,
                                 value_info)
 
 VOCAB = 1000

@@ -26,11 +26,10 @@ import tempfile
 from pathlib import Path
 
 import tvm
-from tvm import relax
 
-from edgec.errors import CompileError, ToolchainError, describe
+from edgec.compiler.backends.base import Backend
 from edgec.core.targets import Target
-from edgec.compiler.transform import native_kernels as runtime_kernels
+from edgec.errors import CompileError, ToolchainError, describe
 
 
 def find_nvcc() -> str:
@@ -145,10 +144,13 @@ def _pack_imports(arch: str, nvcc: str):
     return pack
 
 
-class CUDACodegen:
+class CUDABackend(Backend):
     """GPU kernels through TVM's CUDA pipeline; host code through LLVM for the target's host."""
 
+    kind = "cuda"
     device = "cuda"
+    lowering = "gpu"
+    fp16 = True
 
     def tvm_target(self, target: Target) -> tvm.target.Target:
         spec = dict(target.tvm)
@@ -159,47 +161,13 @@ class CUDACodegen:
         try:
             return tvm.target.Target(spec, host=dict(host))
         except Exception as exc:  # TVM validates target attributes with its own error types
-            raise CompileError(f"target '{target.name}' has an invalid [tvm] table: {describe(exc)}") from None
+            raise CompileError(f"target '{target.name}' has an invalid [tvm] table: "
+                               f"{describe(exc)}") from None
 
-    def compile(self, mod: tvm.IRModule, target: Target, library_rewrite=None):
-        """Compile ``mod`` for ``target`` (kernels on the GPU) and link one shared library."""
-        from edgec.compiler.backends.llvm import CompiledLibrary, _fusable  # codegen imports this module
+    def check_toolchain(self, target: Target) -> None:
+        find_nvcc()
+        super().check_toolchain(target)
 
-        tvm_target = self.tvm_target(target)
-        nvcc = find_nvcc()
-        for library in ("dnnl", "xnnpack"):
-            if target.libraries.get(library, False):
-                raise CompileError(f"target '{target.name}': [libraries] {library} is for CPU "
-                                   f"targets; remove it from the target file")
-        if library_rewrite is not None:  # quantization's hook: fp16 (int8 refuses CUDA targets)
-            mod, addons = library_rewrite(mod, target)
-            if addons:
-                raise CompileError(f"target '{target.name}': the quantized program needs CPU "
-                                   f"kernels; build '{target.name}' without --quantize")
-        mod, kernels = runtime_kernels.redirect(_fusable(mod))
-        if kernels:
-            raise CompileError(
-                f"the model needs edgec's CPU kernels {', '.join(sorted(kernels))} (NonZero/Unique), "
-                f"which CUDA target '{target.name}' cannot call yet; build it for a CPU target")
-        try:
-            with tvm_target:
-                executable = tvm.compile(mod, tvm_target,
-                                         relax_pipeline=relax.get_default_pipeline(tvm_target))
-        except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
-            raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
-        export_kwargs = {"fpack_imports": _pack_imports(str(tvm_target.attrs["arch"]), nvcc)}
-        if target.cross_compiler:
-            if shutil.which(target.cross_compiler) is None:
-                raise ToolchainError(
-                    f"cross compiler '{target.cross_compiler}' for target '{target.name}' is not "
-                    f"installed; install it (Debian: apt-get install g++-aarch64-linux-gnu)")
-            export_kwargs["fcompile"] = tvm.support.cc.cross_compiler(target.cross_compiler)
-        with tempfile.TemporaryDirectory(prefix="edgec-build-") as tmp:
-            path = Path(tmp) / "model.so"
-            try:
-                executable.export_library(str(path), **export_kwargs)
-            except CompileError:  # nvcc's, from the fpack_imports hook
-                raise
-            except Exception as exc:  # the linker's failure surfaces as a RuntimeError
-                raise CompileError(f"linking the library for '{target.name}' failed: {describe(exc)}") from None
-            return CompiledLibrary(path.read_bytes())
+    def export_options(self, target: Target) -> dict:
+        arch = str(self.tvm_target(target).attrs["arch"])
+        return {**super().export_options(target), "fpack_imports": _pack_imports(arch, find_nvcc())}

@@ -1,72 +1,49 @@
-"""ONNX to Relax, through TVM's importer, with one-line errors for what it cannot import."""
+"""ONNX to Relax: TVM's importer driven with edgec's converter table, with one-line errors for
+what it cannot import.
+
+The ONNX-level passes that run before (fixed inputs, recurrent layers, function expansion,
+constant folding) are listed in ``edgec.compiler.pipeline.onnx_passes``; ``import_model`` there
+runs them and then ``convert``.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from typing import Iterator, Mapping
+from typing import Any, Mapping
 
-import numpy as np
 import onnx
 import tvm
 from tvm import relax
-from tvm.relax.frontend.onnx import onnx_frontend
 
+from edgec.compiler.importer.converter_table import BUILT_IN
+from edgec.compiler.importer.converters.control_flow import LAZY_IF
+from edgec.compiler.importer.converters.subgraph import import_graph
+from edgec.core.model import all_nodes
 from edgec.errors import ModelError, describe
-from edgec.core.model import Model, all_nodes
-from edgec.compiler.importer.converters import CONVERTERS
-from edgec.compiler.importer.converters.control_flow import LAZY_IF, NATIVE_ROWS
-from edgec.compiler.importer.expand import expand_functions, value_types
-from edgec.compiler.importer.fold import fix_inputs, fold_constants
-from edgec.compiler.importer.recurrent import rewrite_recurrent
-
-_tvm_convert_map = onnx_frontend._get_convert_map
 
 
-def convert_map() -> dict[str, type]:
-    """TVM's converters with edgec's on top (edgec's win where both exist)."""
-    return {**_tvm_convert_map(), **CONVERTERS}
+def unsupported_ops(proto: onnx.ModelProto, converters: Mapping[str, Any]) -> set[str]:
+    """Operators anywhere in the graph, subgraphs included, that ``converters`` has no entry for."""
+    return {node.op_type for node in all_nodes(proto.graph)
+            if node.op_type not in converters and node.op_type not in BUILT_IN}
 
 
-@contextlib.contextmanager
-def _edgec_converters(native_loops: bool) -> Iterator[None]:
-    # The importer looks its converters up through this module-level function on every node.
-    onnx_frontend._get_convert_map = convert_map
-    native = NATIVE_ROWS.set(native_loops)
-    try:
-        yield
-    finally:
-        NATIVE_ROWS.reset(native)
-        onnx_frontend._get_convert_map = _tvm_convert_map
+def convert(name: str, proto: onnx.ModelProto, converters: Mapping[str, Any]) -> tvm.IRModule:
+    """``proto`` (model ``name``) as a Relax module whose ``main`` takes the graph inputs in order.
 
-
-def import_onnx(model: Model, constants: Mapping[str, np.ndarray] | None = None,
-                native_loops: bool = True) -> tvm.IRModule:
-    """Import ``model`` into a Relax module whose ``main`` takes the graph inputs in order.
-
-    Weights become constants. Symbolic input dims stay symbolic (``tvm.tirx.Var`` named after the
-    ONNX dim). Inputs named in ``constants`` are compiled as those values (``main`` still takes
-    them; the runtime checks they match). What is known at compile time is folded first
-    (``fold.py``). ``native_loops``: recurrent layers may run as edgec's native CPU loop
-    (``recurrent.py``) and Loop/Scan outputs be appended in place (``control_flow.py``); False for
-    modules that will run on a GPU. Raises ModelError naming the unsupported operators.
+    Weights become constants; symbolic input dims stay symbolic (``tvm.tirx.Var`` named after the
+    ONNX dim). Raises ModelError naming the unsupported operators, or why the import failed.
     """
-    known = set(convert_map()) | {"If", "Constant"}
-    proto = fix_inputs(model.proto, dict(constants or {}))
-    proto = rewrite_recurrent(proto, model.name, value_types(proto).get, native=native_loops)
-    proto = fold_constants(expand_functions(proto, known.__contains__))
-    unsupported = unsupported_ops(proto)
+    unsupported = unsupported_ops(proto, converters)
     if unsupported:
-        raise ModelError(
-            f"model '{model.name}' uses operator(s) the compiler cannot import: "
-            f"{', '.join(sorted(unsupported))}"
-        )
+        raise ModelError(f"model '{name}' uses operator(s) the compiler cannot import: "
+                         f"{', '.join(sorted(unsupported))}")
     try:
-        with warnings.catch_warnings(), _edgec_converters(native_loops):
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mod = onnx_frontend.from_onnx(_with_lazy_ifs(proto), keep_params_in_input=False)
+            mod = import_graph(_with_lazy_ifs(proto), converters)
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
-        raise ModelError(f"model '{model.name}' failed to import: {describe(exc)}") from None
+        raise ModelError(f"model '{name}' failed to import: {describe(exc)}") from None
     # The importer emits no dataflow block when shape logic or an If sits at the top level, and
     # operator fusion only works inside dataflow blocks: regroup the pure bindings.
     return relax.transform.ConvertToDataflow()(mod)
@@ -81,9 +58,3 @@ def _with_lazy_ifs(proto: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == "If":
             node.op_type = LAZY_IF
     return proto
-
-
-def unsupported_ops(proto: onnx.ModelProto) -> set[str]:
-    """Operators anywhere in the graph, subgraphs included, that the importer has no converter for."""
-    known = set(convert_map()) | {"If", "Constant"}
-    return {node.op_type for node in all_nodes(proto.graph) if node.op_type not in known}

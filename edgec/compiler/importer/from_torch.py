@@ -35,11 +35,12 @@ from typing import Any
 import tvm
 from tvm import relax, tirx
 
-from edgec.errors import ModelError, describe
+from edgec.compiler.importer.converters.control_flow import _build_loop, _LoopSpec
+from edgec.compiler.importer.converters.subgraph import (BOOL_SCALAR, INT64_SCALAR, Patterns,
+                                                         Session, scalar, shaped)
 from edgec.core.model import Model
 from edgec.core.torch_program import higher_order_name
-from edgec.compiler.importer.converters.control_flow import _build_loop, _LoopSpec
-from edgec.compiler.importer.converters.subgraph import BOOL_SCALAR, INT64_SCALAR, Patterns, Session, scalar, shaped
+from edgec.errors import ModelError, describe
 
 _INT64_MAX = 2**63 - 1
 # Function attributes the importer sets from torch.export's dim ranges (see the module docstring).

@@ -22,8 +22,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.errors import ModelError
+from edgec.compiler.importer.converters.subgraph import shaped
 from edgec.core.model import attribute_text
+from edgec.errors import ModelError
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 # edgec's native loop over the time steps (edgec/native/runtime_kernels.cc, ``edgec_recurrent``)
@@ -426,7 +427,6 @@ class RecurrentLoop:
     def get_converter(cls, opset: int) -> Callable:  # noqa: ARG003 - the converter protocol
         from tvm import relax
 
-        from edgec.compiler.importer.converters.subgraph import shaped
 
         def convert(bb, inputs, attrs, params):
             x = shaped(bb, inputs[0], "r")

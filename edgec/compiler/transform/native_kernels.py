@@ -16,12 +16,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from edgec.compiler import native
+from edgec.compiler.ir import rewrite_functions
 from edgec.errors import CompileError
 
 REPLACEMENTS = {"relax.run.nonzero": "edgec_nonzero", "relax.run.unique": "edgec_unique"}
-# Kernels edgec's converters call directly: the recurrent layers' loop (compiler/recurrent.py),
-# the stacked outputs of Loop and Scan (converters/control_flow.py).
-NATIVE_KERNELS = {"edgec_recurrent", "edgec_rows_append", "edgec_rows_take"}
+# Kernels edgec's converters call directly: the recurrent layers' loop (importer/recurrent.py),
+# the stacked outputs of Loop and Scan (importer/converters/control_flow.py).
+NATIVE_KERNELS = native.RUNTIME_KERNELS - set(REPLACEMENTS.values())
 _PYTHON_ONLY_PREFIX = "relax.run."
 _UNIQUE_ARGS = 5  # x, sorted, return_index, return_inverse, return_counts; an axis makes six
 
@@ -51,14 +53,6 @@ class _Redirect(relax.PyExprMutator):
         return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
 
 
-def rewrite_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
-    """Apply ``mutator`` (built over ``mod``) to every Relax function of ``mod``; a new module."""
-    for gvar, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
-    return mutator.builder_.get()
-
-
 def redirect(mod: tvm.IRModule) -> tuple[tvm.IRModule, set[str]]:
     """Legalize ``mod`` and point Python-only calls at edgec's native kernels.
 
@@ -74,3 +68,20 @@ def redirect(mod: tvm.IRModule) -> tuple[tvm.IRModule, set[str]]:
             f"Python; edgec has no native version yet, so the artifact could not run on a device"
         )
     return mod, mutator.used
+
+
+def NativeKernels(allowed: bool, target_name: str) -> tvm.transform.Pass:  # noqa: N802
+    """``redirect`` as a pass. ``allowed``: the backend may call edgec's CPU kernels; where it
+    may not (GPU targets: they take host pointers), a program that needs them is refused in one
+    line naming them."""
+
+    @tvm.transform.module_pass(opt_level=0, name="edgec.NativeKernels")
+    def native_kernels(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod, kernels = redirect(mod)
+        if kernels and not allowed:
+            raise CompileError(
+                f"the model needs edgec's CPU kernels {', '.join(sorted(kernels))} (NonZero/"
+                f"Unique), which target '{target_name}' cannot call yet; build it for a CPU target")
+        return mod
+
+    return native_kernels

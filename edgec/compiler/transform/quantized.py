@@ -1,7 +1,7 @@
 """Quantized layers in the compiled program: int8 library calls and int8 embedding tables.
 
-The codegen calls :func:`library_rewrite`'s result right after library dispatch
-(``LLVMCodegen.compile(..., library_rewrite=...)``). It rewrites
+:func:`Int8Lowering` runs right after library offload, for a quantization decision that the
+quantize stage made (``QuantizedLowering``, read as data). It rewrites
 
 - ``edgec_dnnl_dense`` / ``edgec_dnnl_conv2d`` calls whose (folded) weight belongs to a quantized
   layer into the ``edgec_q8_*`` functions of ``edgec/native/dnnl_int8.cc``, with the weight as an
@@ -17,21 +17,20 @@ as an argument of an opaque call; the table is only read through run-time indice
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
 import tvm
 from tvm import relax
 
-from edgec.compiler import native
-from edgec.compiler.backends.llvm import LibraryRewrite
-from edgec.compiler.transform.library_offload import _constant, _weight_id
-from edgec.compiler.transform.native_kernels import rewrite_functions
-from edgec.errors import CompileError
-from edgec.core.targets import Target
+from edgec.compiler.ir import rewrite_functions
+from edgec.compiler.transform.library_offload import (_constant as constant_value,
+                                                      _weight_id as weight_id)
 from edgec.core import quant_schemes as schemes
 from edgec.core.quant_layers import Layer, find_layers, initializer_arrays
+from edgec.errors import CompileError
 
 _CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
 _TAKE = tvm.ir.Op.get("relax.take")
@@ -42,25 +41,6 @@ _QUANTIZED_CALLS = {"edgec_dnnl_dense": "edgec_q8_dense", "edgec_dnnl_conv2d": "
                     "edgec_dnnl_conv2d_add": "edgec_q8_conv2d_add",
                     "edgec_xnn_dense": "edgec_xnn_q8_dense", "edgec_xnn_conv2d": "edgec_xnn_q8_conv2d",
                     "edgec_xnn_conv2d_add": "edgec_xnn_q8_conv2d_add"}
-
-
-def int8_addon(compiler: str = "g++", functions: tuple[str, ...] | None = None) -> native.NativeAddon:
-    """The parts of ``edgec/native/dnnl_int8.cc`` (dense, conv) that define ``functions`` (the
-    ``edgec_q8_*`` a program calls; None: all), each compiled like the fp32 shim (cached by
-    content hash) into its own object with only those exports, so a library links what it
-    calls.
-
-    Like the fp32 shim, it needs ``libdnnl.so.2`` at run time (a library whose every layer is
-    int8 no longer links the fp32 shim).
-    """
-    parts = [part for part in ("dense", "conv")
-             if functions is None or any(f.startswith(f"edgec_q8_{part}") for f in functions)]
-    objects = tuple(str(native._compile_object(
-        native.NATIVE_DIR / "dnnl_int8.cc", compiler, missing_header_hint=native.DNNL_INSTALL_HINT,
-        header="dnnl.hpp",
-        defines=(f"EDGEC_Q8_{part.upper()}", *native.only_exports(functions)))) for part in parts)
-    native._check_library(compiler, "dnnl", native.DNNL_INSTALL_HINT)
-    return native.NativeAddon("dnnl_int8", objects, ("-ldnnl",), ("libdnnl.so.2",))
 
 
 class _Quantized:
@@ -91,12 +71,12 @@ class _Quantized:
     def form(self, array: np.ndarray) -> tuple[relax.Expr, relax.Expr, int] | None:
         """The int8 form of ``array``: this layer's weight, or it scaled per output channel;
         None for any other weight."""
-        key = _weight_id(array)
+        key = weight_id(array)
         if key not in self.forms:
             if self.forms and not _scaled_per_channel(self.array, array, self.axis):
                 return None
             q, scale = schemes.quantize_weight(array, self.axis)
-            self.forms[key] = (relax.const(q), relax.const(scale), _weight_id(q, scale))
+            self.forms[key] = (relax.const(q), relax.const(scale), weight_id(q, scale))
         return self.forms[key]
 
 
@@ -117,7 +97,6 @@ class _Rewrite(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, by_id: dict[int, _Quantized]) -> None:
         super().__init__(mod)
         self.by_id = by_id
-        self.functions: set[str] = set()  # the int8 functions the program now calls
         self.by_shape: dict[tuple[int, ...], list[_Quantized]] = {}
         for quantized in by_id.values():
             if quantized.layer.kind != "embedding":
@@ -135,18 +114,18 @@ class _Rewrite(relax.PyExprMutator):
         return call
 
     def _find(self, expr: relax.Expr) -> _Quantized | None:
-        array = _constant(expr)
+        array = constant_value(expr)
         if array is None or array.dtype != np.float32:
             return None
-        return self.by_id.get(_weight_id(array))
+        return self.by_id.get(weight_id(array))
 
     def _find_weight(self, expr: relax.Expr) -> tuple[_Quantized, tuple] | None:
         """The quantized layer whose weight a library call holds (as is, or scaled per output
         channel by library dispatch), and that weight's int8 form."""
-        array = _constant(expr)
+        array = constant_value(expr)
         if array is None or array.dtype != np.float32:
             return None
-        found = self.by_id.get(_weight_id(array))
+        found = self.by_id.get(weight_id(array))
         candidates = [found] if found is not None else self.by_shape.get(array.shape, [])
         for quantized in candidates:
             form = quantized.form(array)
@@ -159,12 +138,12 @@ class _Rewrite(relax.PyExprMutator):
         match = self._find_weight(args[1])
         if match is None or match[0].precision == "fp32":
             return call
-        found, (weight, scale, weight_id) = match
+        found, (weight, scale, identity) = match
         found.uses += 1
         # The fp32 call's (data, weight, bias, [residual,] attributes..., weight id): the int8
         # weight and its scales replace the weight; integer layers add the input's quantization.
         x, bias, rest = args[0], args[2], args[3:-1]
-        wid = relax.prim_value(weight_id)
+        wid = relax.prim_value(identity)
         quant: list[relax.Expr] = []
         suffix = "w8"
         if found.precision in ("int8-static", "int8-dynamic"):
@@ -177,7 +156,6 @@ class _Rewrite(relax.PyExprMutator):
                      relax.prim_value(int(act["zero"]))]
         new_args = [x, weight, scale, bias, *quant, *rest, wid]
         function = f"{_QUANTIZED_CALLS[name]}_{suffix}"
-        self.functions.add(function)
         return relax.call_dps_packed(function, new_args, call.ty_args[0])
 
     def _embedding(self, call: relax.Call) -> relax.Expr:
@@ -193,33 +171,41 @@ class _Rewrite(relax.PyExprMutator):
         return relax.op.multiply(rows, emit(relax.op.take(found.scale, indices, axis=0)))
 
 
-def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]],
-                    scheme: str, found: dict[str, int] | None = None) -> LibraryRewrite:
-    """The codegen hook for a model's quantization decisions (layer name -> ``precision`` and,
-    for static layers, ``activation``). ``found``, when given, receives per layer how many calls
-    of the compiled program it rewrote (0: the layer was not found there and stays fp32)."""
+@dataclass(frozen=True)
+class QuantizedLowering:
+    """What the compiler needs of a quantization decision (``edgec.stages.quantize``): the mode,
+    the scheme, and per layer name its ``precision`` and, for static layers, ``activation``."""
+
+    mode: str
+    scheme: str
+    decisions: Mapping[str, Mapping[str, Any]]
+
+    def layers(self, precision: str | None = None) -> list[str]:
+        """The layers quantized (not fp32), or only those at ``precision``."""
+        return [name for name, d in self.decisions.items()
+                if d["precision"] != "fp32" and precision in (None, d["precision"])]
+
+
+def Int8Lowering(proto: onnx.ModelProto, lowering: QuantizedLowering,  # noqa: N802
+                 found: dict[str, int]) -> tvm.transform.Pass:
+    """The pass that turns the library calls of ``lowering``'s quantized layers into int8 ones
+    (module docstring). ``found`` receives per layer how many calls of the program it rewrote
+    (0: the layer was not found there and stays fp32)."""
     arrays = initializer_arrays(proto)
 
-    def rewrite(mod: tvm.IRModule, target: Target) -> tuple[tvm.IRModule, list[native.NativeAddon]]:
-        if target.kind != "llvm":
-            raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's (x86) "
-                               f"and XNNPACK's (Arm); build '{target.name}' without --quantize "
-                               f"(or with --quantize fp16)")
+    @tvm.transform.module_pass(opt_level=0, name="edgec.Int8Lowering")
+    def lower(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         by_id: dict[int, _Quantized] = {}
         for layer in find_layers(proto):
-            decision = decisions.get(layer.name)
+            decision = lowering.decisions.get(layer.name)
             if decision is None or decision["precision"] == "fp32":
                 continue
             compiled = layer.compiled_weight(arrays[layer.weight])
-            by_id[_weight_id(compiled)] = _Quantized(
-                layer, decision["precision"], compiled, scheme, decision.get("activation"))
-        mutator = _Rewrite(mod, by_id)
-        mod = rewrite_functions(mutator, mod)
-        if found is not None:
-            for quantized in by_id.values():
-                found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
-        # XNNPACK's weight-only functions are in its shim, which the codegen links with them.
-        onednn = tuple(sorted(f for f in mutator.functions if f.startswith("edgec_q8_")))
-        return mod, [int8_addon(target.cross_compiler or "g++", onednn)] if onednn else []
+            by_id[weight_id(compiled)] = _Quantized(
+                layer, decision["precision"], compiled, lowering.scheme, decision.get("activation"))
+        mod = rewrite_functions(_Rewrite(mod, by_id), mod)
+        for quantized in by_id.values():
+            found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses
+        return mod
 
-    return rewrite
+    return lower

@@ -179,27 +179,21 @@ def _rename_main(mod: tvm.IRModule, name: str) -> tvm.IRModule:
     return builder.get()
 
 
-def lower_regions(model, regions: list[dict], native_loops: bool = True) -> tvm.IRModule:
+def lower_regions(model, regions: list[dict], modules: list[tvm.IRModule]) -> tvm.IRModule:
     """One module whose ``main`` calls one function per region in order.
 
-    Each entry of ``regions`` has ``name``, ``nodes``, ``inputs``, ``outputs`` and
-    ``specializations`` (assignments of that region's symbolic dims), and optionally ``padding``
-    (a plan Region's) and ``exact_dispatch`` (see ``add_shape_dispatch``). A region with
-    specializations becomes ``NAME`` dispatching to ``NAME__spec_i`` or ``NAME__generic``; without
-    them ``NAME`` is its one symbolic function. Every function stays callable by name, so a
-    region can be timed alone. ``native_loops``: see ``import_onnx``.
+    Each entry of ``regions`` has ``name``, ``inputs``, ``outputs`` and ``specializations``
+    (assignments of that region's symbolic dims), and optionally ``padding`` (a plan Region's)
+    and ``exact_dispatch`` (see ``add_shape_dispatch``); ``modules`` are the regions imported
+    alone, in the same order. A region with specializations becomes ``NAME`` dispatching to
+    ``NAME__spec_i`` or ``NAME__generic``; without them ``NAME`` is its one symbolic function.
+    Every function stays callable by name, so a region can be timed alone. ``model`` gives
+    ``main`` its inputs and outputs.
     """
-    from edgec.core.model import from_proto
-    from edgec.core.regions import RegionCut, region_model
-    from edgec.compiler.importer.from_onnx import import_onnx
-
     functions: dict[relax.GlobalVar, relax.Function] = {}
     attrs = None
     region_gvs = []
-    for region in regions:
-        cut = RegionCut(region["nodes"], region["inputs"], region["outputs"], "")
-        sub = import_onnx(from_proto(region_model(model, cut, region["name"]),
-                                     f"{model.name}.{region['name']}"), native_loops=native_loops)
+    for region, sub in zip(regions, modules):
         sub = add_shape_dispatch(sub, region.get("specializations", []), prefix=f"{region['name']}__",
                                  padding=pad_spec(region.get("padding"), region["inputs"],
                                                   region["outputs"]),

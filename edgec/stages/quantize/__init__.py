@@ -16,7 +16,7 @@ Modes (``edgec compile --quantize``):
   fp32) and the guard moves the most sensitive ones down a step at a time until the budget
   holds. Then cost decides: integer arithmetic pays only on large enough layers (the zoo
   transformer's 64-wide matmuls: int8-dynamic 1.05x fp32, int8-static 1.0x; squeezenet's
-  convolutions: int8-static 0.70x), so the build also compiles the
+  convolutions: int8-static 0.70x), so the guard also compiles the
   variant with every integer layer weight-only, times both on the held-out samples in the same
   run, and keeps the faster one within budget; ``cost`` records both timings.
 - ``fp16``: for CUDA targets (the first ``--target`` must be one): their programs' matmuls,
@@ -30,42 +30,40 @@ lowest cosine and max abs per output, top-1 agreement for classifier outputs; ``
 ``accuracy.compare``) must not exceed ``--max-accuracy-drop``. It ranks layers by sensitivity
 (the drop with only that layer quantized, simulated in the ONNX graph by onnxruntime), keeps the
 most sensitive in fp32 (or, for ``auto``, at a safer precision) until the simulated drop is within
-budget, then measures the compiled artifact; should that exceed the budget, it demotes further and
-rebuilds. The manifest and the report list the layers kept in fp32 and both measurements.
+budget. This stage decides and returns a frozen ``Quantization``; the compiler lowers it as data
+(``edgec.compiler.transform.quantized``), and ``edgec.compile`` (``edgec.driver.build_guarded``)
+measures the compiled artifact, demoting further and rebuilding should it exceed the budget. The
+manifest and the report list the layers kept in fp32 and both measurements.
 """
 
 from __future__ import annotations
 
 import copy
-import tempfile
-import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 
-from edgec.errors import CompileError, EdgecError, SamplesError
-from edgec.fileio import load_json_value, save_json_value
+from edgec.compiler.backends import backend_for
+from edgec.compiler.transform.quantized import QuantizedLowering
 from edgec.core.model import Model
-from edgec.stages.plan import check_matches
-from edgec.stages.profile import Profile
 from edgec.core.provenance import tool_versions
+from edgec.core.quant_layers import Layer, PRECISIONS, find_layers
+from edgec.core.quant_schemes import ActivationParams, CALIBRATIONS, SCHEMES, activation_params
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target
-from edgec.stages.quantize import accuracy
-from edgec.stages.quantize import simulate
-from edgec.core.quant_layers import PRECISIONS, Layer, find_layers
-from edgec.core.quant_schemes import CALIBRATIONS, SCHEMES, ActivationParams, activation_params
+from edgec.errors import CompileError, EdgecError, SamplesError
+from edgec.fileio import load_json_value, save_json_value
+from edgec.stages.plan import check_matches
+from edgec.stages.profile import Profile
+from edgec.stages.quantize import accuracy, simulate
 
 MODES = ("none", "int8-weight", "int8-dynamic", "int8-static", "fp16", "auto")
 QUANTIZE_VERSION = 1
-# A compiled artifact over budget (the simulation was optimistic) is rebuilt at most this often.
-MAX_REBUILDS = 2
 
-__all__ = ["MODES", "QuantizeSettings", "Quantization", "quantize", "build_guarded",
-           "held_out_split"]
+__all__ = ["MODES", "QuantizeSettings", "Quantization", "quantize", "held_out_split"]
 
 
 @dataclass(frozen=True)
@@ -88,9 +86,10 @@ class QuantizeSettings:
             raise EdgecError(f"unknown quantization scheme '{self.scheme}'; known: {', '.join(SCHEMES)}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Quantization:
-    """The quantize stage's result: a precision per layer and the accuracy it was measured at.
+    """The quantize stage's result, a frozen decision: a precision per layer and the accuracy it
+    was measured at. Changes (``as_compiled``, ``demoted``, ``with_accuracy``) return new values.
 
     ``layers``: per quantizable layer, ``name``, ``op``, ``kind``, ``precision``, ``activation``
     (uint8 scale and zero, static layers), ``sensitivity`` (simulated drop with only this layer
@@ -116,15 +115,46 @@ class Quantization:
     def fp32_layers(self) -> list[str]:
         return [layer["name"] for layer in self.layers if layer["precision"] == "fp32"]
 
-    def mark_not_compiled(self, rewritten: dict[str, int]) -> None:
-        """Record as fp32 the quantized layers the build found no int8 form for (``rewritten``:
-        calls rewritten per layer), e.g. a convolution the library does not run."""
-        for layer in self.layers:
-            if layer["precision"] != "fp32" and not rewritten.get(layer["name"]):
+    def lowering(self, proto) -> QuantizedLowering:
+        """What the compiler reads of this decision (``transform.quantized``)."""
+        return QuantizedLowering(self.settings.mode, self.settings.scheme,
+                                 copy.deepcopy(self.decisions()), proto)
+
+    def _with_layers(self, layers: list[dict[str, Any]], **changes: Any) -> "Quantization":
+        return dataclasses.replace(self, layers=layers, **changes)
+
+    def as_compiled(self, calls: dict[str, int]) -> "Quantization":
+        """This decision as a program holds it: the quantized layers the build found no int8
+        form for (``calls``: calls rewritten per layer, 0 or missing) recorded as fp32, e.g. a
+        convolution the library does not run."""
+        layers = copy.deepcopy(self.layers)
+        for layer in layers:
+            if layer["precision"] != "fp32" and not calls.get(layer["name"]):
                 layer["reason"] = (f"fp32: planned {layer['precision']}, but the compiled program "
                                    f"has no int8 form of it (a layer the library does not run)")
                 layer["precision"] = "fp32"
                 layer["activation"] = None
+        return self._with_layers(layers)
+
+    def compiled_in(self, artifact_manifest: dict[str, Any]) -> "Quantization":
+        """``as_compiled`` as an artifact's manifest records it (what its build found)."""
+        held = {layer["name"]: layer for layer in artifact_manifest["quantization"].get("layers", [])}
+        return self.as_compiled({name: int(layer["precision"] != "fp32")
+                                 for name, layer in held.items()})
+
+    def demoted(self, name: str, drop: float) -> "Quantization":
+        """Layer ``name`` one step safer (``_demote``), because the drop exceeded the budget."""
+        layers = copy.deepcopy(self.layers)
+        _demote(next(l for l in layers if l["name"] == name), self.settings, drop)
+        return self._with_layers(layers)
+
+    def with_accuracy(self, **entries: Any) -> "Quantization":
+        """This decision with ``entries`` added to (or replacing some of) its accuracy record."""
+        return dataclasses.replace(self, accuracy={**self.accuracy, **entries})
+
+    def most_sensitive(self) -> str | None:
+        """The quantized layer the guard demotes next."""
+        return _most_sensitive(self.decisions())
 
     def manifest(self) -> dict[str, Any]:
         """The part an artifact's manifest keeps."""
@@ -188,7 +218,8 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
     result = Quantization(model.name, model.sha256, settings)
     if settings.mode == "none":
         return result
-    if settings.mode == "fp16" and target.kind != "cuda":
+    backend = backend_for(target)
+    if settings.mode == "fp16" and not backend.fp16:
         raise CompileError(
             f"--quantize fp16 is for GPU targets and '{target.name}' is a CPU target; use "
             f"int8-weight, int8-dynamic, int8-static or auto, or a CUDA --target (cuda-sm89, "
@@ -207,8 +238,7 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
         raise SamplesError("the accuracy guard needs held-out samples; pass --held-out-samples")
     layers = find_layers(model.proto)
     if not layers:
-        result.accuracy = {"simulated": None, "note": "no layer with a constant weight"}
-        return result
+        return result.with_accuracy(simulated=None, note="no layer with a constant weight")
     if prof.reference_error:
         raise CompileError(f"cannot quantize '{model.name}': the accuracy guard runs it with "
                            f"onnxruntime, which failed: {prof.reference_error}")
@@ -267,9 +297,8 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             entries[name]["sensitivity"] = sensitivity(name)
         current[name] = entries[name]["precision"]
         measured = evaluate(current)
-    result.layers = list(entries.values())
-    result.accuracy = {"simulated": measured, "held_out_samples": len(held_out)}
-    return result
+    return dataclasses.replace(result, layers=list(entries.values()),
+                               accuracy={"simulated": measured, "held_out_samples": len(held_out)})
 
 
 def _most_sensitive(entries: dict[str, dict[str, Any]]) -> str | None:
@@ -292,138 +321,3 @@ def _demote(entry: dict[str, Any], settings: QuantizeSettings, drop: float) -> N
     entry["precision"] = precision
     if precision != "int8-static":
         entry["activation"] = None
-
-
-def measure(artifact_path: Path, model: Model, held_out: Sequence[Sample],
-            target: str | None = None) -> dict[str, Any]:
-    """The compiled artifact's accuracy against fp32 (onnxruntime) on ``held_out``, run where
-    ``target``'s file says (here, under qemu or through RPC)."""
-    from edgec.core import remote
-
-    compiled = remote.load(artifact_path, target=target)
-    session = reference_session(model.proto)
-    reference = [session.run(s.arrays) for s in held_out]
-    outputs = [compiled.run(s.arrays) for s in held_out]
-    return accuracy.compare(reference, outputs, accuracy.classifier_outputs(model.outputs))
-
-
-def build_guarded(model: Model, the_plan, targets: list[Target], quant: Quantization,
-                  held_out: Sequence[Sample], targets_chosen: str = "given"):
-    """Build with ``quant`` and measure the artifact on ``held_out``; while it is over budget,
-    keep the next most sensitive layer in fp32 and rebuild (at most ``MAX_REBUILDS`` times).
-    With ``auto``, also weigh the weight-only variant by measured latency (module docstring).
-    Returns the artifact, its manifest recording the measured accuracy; ``quant`` is updated
-    to what the artifact holds."""
-    if quant.settings.mode == "fp16":
-        return _build_fp16(model, the_plan, targets, quant, held_out, targets_chosen)
-    artifact = _build_within_budget(model, the_plan, targets, quant, held_out, targets_chosen)
-    integer = [l for l in quant.layers if l["precision"] in ("int8-static", "int8-dynamic")]
-    if quant.settings.mode != "auto" or not integer:
-        return artifact
-    alternative = Quantization(quant.model_name, quant.model_sha256, quant.settings,
-                               copy.deepcopy(quant.layers), {}, quant.versions)
-    for layer in alternative.layers:
-        if layer["precision"] in ("int8-static", "int8-dynamic"):
-            layer["reason"] = (f"int8-weight: faster than {layer['precision']} as measured "
-                               f"(see cost)")
-            layer["precision"], layer["activation"] = "int8-weight", None
-    alternative.accuracy = {"simulated": None, "held_out_samples": len(held_out)}
-    other = _build_within_budget(model, the_plan, targets, alternative, held_out, targets_chosen)
-    within = alternative.accuracy["measured"]["drop"] <= quant.settings.max_accuracy_drop
-    timings = _latencies([artifact, other], held_out, _runnable(artifact, targets))
-    cost = {"integer_ms": timings[0], "weight_only_ms": timings[1],
-            "how": "median over held-out samples of the median of interleaved calls"}
-    if within and timings[1] < timings[0]:
-        alternative.cost = {**cost, "chosen": "weight-only"}
-        quant.layers, quant.accuracy, quant.cost = (alternative.layers, alternative.accuracy,
-                                                    alternative.cost)
-        other.manifest["quantization"] = quant.manifest()
-        return other
-    quant.cost = {**cost, "chosen": "integer"}
-    artifact.manifest["quantization"] = quant.manifest()
-    return artifact
-
-
-def _latencies(artifacts: list, samples: Sequence[Sample], target: str | None,
-               runs: int = 15) -> list[float]:
-    """Per artifact, the median over ``samples`` of the median of ``runs`` calls, the artifacts'
-    calls interleaved so that they share the machine's state."""
-    from edgec import runtime
-
-    with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
-        models = [runtime.load(a.save(Path(tmp) / f"candidate{i}.edgec"), target=target)
-                  for i, a in enumerate(artifacts)]
-        per_sample: list[list[float]] = [[] for _ in models]
-        for sample in samples:
-            args = [m.to_device_args(sample.arrays) for m in models]
-            for m, a in zip(models, args):
-                m.raw_call(a)  # warm-up: first calls create and pack
-            times: list[list[float]] = [[] for _ in models]
-            for _ in range(runs):
-                for i, (m, a) in enumerate(zip(models, args)):
-                    start = time.perf_counter()
-                    m.raw_call(a)
-                    times[i].append((time.perf_counter() - start) * 1e3)
-            for i, t in enumerate(times):
-                per_sample[i].append(float(np.median(t)))
-    return [round(float(np.median(t)), 4) for t in per_sample]
-
-
-def _build_within_budget(model: Model, the_plan, targets: list[Target], quant: Quantization,
-                         held_out: Sequence[Sample], targets_chosen: str):
-    from edgec.stages.build import build
-
-    for attempt in range(MAX_REBUILDS + 1):
-        artifact = build(model, the_plan, targets, targets_chosen, quantization=quant)
-        if not quant.active:
-            return artifact
-        with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
-            path = artifact.save(Path(tmp) / "candidate.edgec")
-            measured = measure(path, model, held_out, target=_runnable(artifact, targets))
-        quant.accuracy["measured"] = measured
-        artifact.manifest["quantization"] = quant.manifest()
-        name = _most_sensitive(quant.decisions())
-        if measured["drop"] <= quant.settings.max_accuracy_drop or name is None \
-                or attempt == MAX_REBUILDS:
-            return artifact
-        _demote(quant.decisions()[name], quant.settings, measured["drop"])
-    return artifact
-
-
-def _build_fp16(model: Model, the_plan, targets: list[Target], quant: Quantization,
-                held_out: Sequence[Sample], targets_chosen: str):
-    """Build with the CUDA targets' programs in fp16 and measure the first CUDA library on this
-    machine's GPU; without one, the manifest says why nothing was measured (the simulated
-    accuracy stands)."""
-    from edgec.stages.build import build
-
-    from edgec import runtime
-
-    artifact = build(model, the_plan, targets, targets_chosen, quantization=quant)
-    gpu = next(t.name for t in targets if t.kind == "cuda")
-    capability = runtime._cuda_capability()  # a string says why there is no usable GPU
-    if isinstance(capability, str):
-        quant.accuracy["measured"] = None
-        quant.accuracy["not_measured"] = f"no GPU to run '{gpu}' on the build machine: {capability}"
-    else:
-        with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
-            path = artifact.save(Path(tmp) / "candidate.edgec")
-            quant.accuracy["measured"] = measure(path, model, held_out, target=gpu)
-    artifact.manifest["quantization"] = quant.manifest()
-    return artifact
-
-
-def _runnable(artifact, targets: list[Target]) -> str | None:
-    """The target whose library the guard measures: the first this machine runs, else the first
-    whose target file says how to run it elsewhere (under qemu, on a device through RPC)."""
-    from edgec.runtime import select_target
-
-    try:
-        return select_target(artifact.manifest, None, "the artifact being built")
-    except EdgecError:
-        pass
-    for target in targets:
-        if target.run.get("mode", "local") != "local":
-            return target.name
-    raise CompileError("the accuracy guard measures the compiled artifact; add a --target this "
-                       "machine can run, or one whose target file says how to run it ([run] mode)")

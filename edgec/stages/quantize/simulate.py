@@ -19,10 +19,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgec.core.reference import reference_session
 from edgec.core import quant_schemes as schemes
 from edgec.core.quant_layers import Layer, initializer_arrays
 from edgec.core.quant_schemes import ActivationParams
+from edgec.core.reference import reference_session
 
 Outputs = dict[str, np.ndarray]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from edgec import zoo
-from edgec.errors import EdgecError
 from edgec.core.model import from_proto
-from edgec.stages.profile import Profile, profile
 from edgec.core.samples import Sample
 from edgec.core.targets import Target
-from edgec.tools.costmodel.measure import Measured, measure_model
 from edgec.costmodel.store import append_measurements
+from edgec.errors import EdgecError
+from edgec.stages.measure import Measured, measure_model
+from edgec.stages.profile import Profile, profile
 
 # The zoo's models whose shapes vary (the others have one option, static), small enough to
 # compile with every option in well under a minute each, and the calibration suite (training

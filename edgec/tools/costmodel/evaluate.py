@@ -21,14 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from edgec.stages.plan import FIXED_POLICIES, PlanSettings, plan
 from edgec.core.regions import cut_regions
 from edgec.core.targets import Target
-from edgec.costmodel import decide
-from edgec.costmodel import learn
-from edgec.tools.costmodel.collect import zoo_case
-from edgec.tools.costmodel.measure import latency_table
+from edgec.costmodel import decide, learn
 from edgec.costmodel.model import fit
+from edgec.stages.measure import latency_table
+from edgec.stages.plan import FIXED_POLICIES, PlanSettings, plan
+from edgec.tools.costmodel.collect import zoo_case
 
 POLICY_ORDER = FIXED_POLICIES + ("auto", "oracle")
 

@@ -21,16 +21,15 @@ along axis 0, then moved to their output axis. Scan-8 (batched) runs that loop p
 Carried values may change shape between iterations (subgraph types are re-derived until they
 are stable, see ``_converge``). Scan outputs (a Loop's too) go into a buffer with room for more
 rows, written in place (edgec's CPU kernels ``edgec_rows_append`` and ``edgec_rows_take``, in
-modules that run on the CPU: ``NATIVE_ROWS``); elsewhere they are grown by concatenation as above
+modules that run on the CPU: a converter's ``native_rows``); elsewhere they are grown by concatenation as above
 (quadratic copying in the trip count). With no iteration, a scan output has the row shape
 onnxruntime gives it (see ``Body.empty_rows``).
 """
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import onnx
 import tvm
@@ -38,49 +37,58 @@ from tvm import relax, tirx
 from tvm.relax.expr import _update_type
 from tvm.tirx.analysis import undefined_vars
 
-from edgec.compiler.importer.converters.subgraph import (BOOL_SCALAR, INT64_SCALAR, Body, FreeValues, Patterns, Session,
-                       as_tensor, commit_module, convert_body, convert_if, dims_of, dtype_of,
-                       instantiate, is_static, scalar, shaped, subgraph_importer)
+from edgec.compiler.importer.converters.subgraph import (Body, BOOL_SCALAR, FreeValues,
+                                                         INT64_SCALAR, Patterns, Session,
+                                                         as_tensor, commit_module, convert_body,
+                                                         convert_if, dims_of, dtype_of,
+                                                         instantiate, is_static, scalar, shaped,
+                                                         subgraph_importer)
 
 _CHUNKS = (64, 4096)
 _INT64_MAX = 2**63 - 1
-# Whether the module being imported runs on the CPU, where scan outputs are appended by edgec's
-# native kernels (the frontend sets it; modules for a GPU concatenate).
-NATIVE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("edgec_native_rows", default=False)
+class _ControlFlowConverter:
+    """A converter of control flow: it converts the bodies with the import's converter table
+    (``converters``, in which it is itself) and, with ``native_rows`` (modules that run on the
+    CPU), appends scan outputs with edgec's native kernels (modules for a GPU concatenate)."""
+
+    def __init__(self, converters: Mapping[str, Any], native_rows: bool) -> None:
+        self.converters = converters
+        self.native_rows = native_rows
+
+    def session(self, opset: int, params: list) -> Session:
+        return Session(opset, params[1], {"Loop": lower_loop, "Scan": lower_scan},
+                       native_rows=self.native_rows, converters=self.converters)
 
 
-class Loop:
+class Loop(_ControlFlowConverter):
     """ONNX Loop (opset 1-21) over tensors, lowered as the module docstring shows."""
 
-    @classmethod
-    def get_converter(cls, opset: int) -> Callable:
+    def get_converter(self, opset: int) -> Callable:
         def convert(bb, inputs, attrs, params):
-            return lower_loop(bb, inputs, attrs, _session(opset, params), params[0])
+            return lower_loop(bb, inputs, attrs, self.session(opset, params), params[0])
         return convert
 
 
-class Scan:
+class Scan(_ControlFlowConverter):
     """ONNX Scan (opset 8-21; opset 8 with a static batch and no sequence_lens)."""
 
-    @classmethod
-    def get_converter(cls, opset: int) -> Callable:
+    def get_converter(self, opset: int) -> Callable:
         def convert(bb, inputs, attrs, params):
-            return lower_scan(bb, inputs, attrs, _session(opset, params), params[0])
+            return lower_scan(bb, inputs, attrs, self.session(opset, params), params[0])
         return convert
 
 
-class LazyIf:
+class LazyIf(_ControlFlowConverter):
     """A top-level ONNX ``If`` whose branches run only when taken.
 
     TVM's importer emits both branches' nodes before the ``relax.If`` (so both always run); the
-    frontend renames top-level ``If`` nodes to ``LAZY_IF`` so that they come here instead, where
+    importer renames top-level ``If`` nodes to ``LAZY_IF`` so that they come here instead, where
     each branch is converted into its own block inside the ``relax.If``, as in loop bodies.
     """
 
-    @classmethod
-    def get_converter(cls, opset: int) -> Callable:
+    def get_converter(self, opset: int) -> Callable:
         def convert(bb, inputs, attrs, params):
-            session = _session(opset, params)
+            session = self.session(opset, params)
             # The outer importer is not handed to converters; one sharing its builder and its
             # name table (params[0] is that very dict) converts the branches in place.
             importer = subgraph_importer(session)
@@ -91,11 +99,6 @@ class LazyIf:
 
 
 LAZY_IF = "EdgecLazyIf"
-
-
-def _session(opset: int, params: list) -> Session:
-    return Session(opset, params[1], {"Loop": lower_loop, "Scan": lower_scan},
-                   native_rows=NATIVE_ROWS.get())
 
 
 # ---------------------------------------------------------------------------------------------

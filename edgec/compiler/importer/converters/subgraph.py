@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 import onnx
 import tvm
@@ -49,7 +49,8 @@ class Session:
     ``(bb, inputs, attrs, session, nodes) -> relax.Expr``. ``names`` are the function names taken
     so far; a new function's name must be free both there and in the builder's module.
     ``native_rows``: Loop and Scan outputs may be appended by edgec's CPU kernels (False for a
-    module that runs on a GPU).
+    module that runs on a GPU). ``converters``: the import's converter table, op type to
+    converter (``edgec.compiler.importer.converters.converter_table``).
     """
 
     opset: int
@@ -57,6 +58,7 @@ class Session:
     lowerings: dict[str, Lowering]
     names: set[str] = dataclasses.field(default_factory=set)
     native_rows: bool = False
+    converters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def unique_name(self, bb: relax.BlockBuilder, base: str) -> str:
         base = re.sub(r"\W", "_", base) or "f"
@@ -295,10 +297,42 @@ def commit_module(bb: relax.BlockBuilder, module: tvm.IRModule, skip: str | None
             bb.update_func(gv, func)
 
 
-def subgraph_importer(session: Session) -> onnx_frontend.ONNXGraphImporter:
+class GraphImporter(onnx_frontend.ONNXGraphImporter):
+    """TVM's ONNX importer with its converters taken from an explicit table (op type to a
+    converter: a class or object with ``get_converter(opset)``) instead of TVM's module-level
+    map, so that edgec's converters are used without changing TVM's module."""
+
+    def __init__(self, converters: Mapping[str, Any]) -> None:
+        super().__init__({}, "float32", keep_params_in_input=False)
+        self.converters = converters
+
+    def _convert_operator(self, op_name: str, inputs: list, attrs: dict, opset: int):
+        if op_name not in self.converters:
+            raise NotImplementedError(f"Operator {op_name} not implemented.")
+        converter = self.converters[op_name].get_converter(opset)
+        sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
+        return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+
+    def _check_for_unsupported_ops(self, graph: onnx.GraphProto) -> None:
+        unsupported = {node.op_type for node in graph.node
+                       if node.op_type not in self.converters and node.op_type not in ("If", "Constant")}
+        if unsupported:
+            raise tvm.error.OpNotImplemented(
+                f"The following operators are not supported for frontend ONNX: "
+                f"{', '.join(sorted(unsupported))}")
+
+
+def import_graph(proto: onnx.ModelProto, converters: Mapping[str, Any]) -> tvm.IRModule:
+    """``proto`` as a Relax module whose ``main`` takes the graph inputs, weights as constants,
+    as TVM's ``from_onnx`` imports it (the default domain's opset) but with ``converters``."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    return GraphImporter(converters).from_onnx(proto.graph, opset)
+
+
+def subgraph_importer(session: Session) -> GraphImporter:
     # A fresh importer per body: its _nodes is the body's scope and its bb builds the body's
     # function; TVM's converters only see (bb, inputs, attrs, [nodes, params]) through it.
-    importer = onnx_frontend.ONNXGraphImporter({}, "float32")
+    importer = GraphImporter(session.converters)
     importer.opset = session.opset
     importer._params = session.tvm_params  # pylint: disable=protected-access
     return importer
@@ -352,7 +386,7 @@ def _var_name(name: str, fallback: str) -> str:
     return name if name and (name[0].isalpha() or name[0] == "_") else fallback
 
 
-def convert_nodes(importer: onnx_frontend.ONNXGraphImporter, session: Session,
+def convert_nodes(importer: GraphImporter, session: Session,
                   graph: onnx.GraphProto) -> None:
     """Convert ``graph``'s nodes into ``importer.bb``'s current block, names into its _nodes."""
     bb = importer.bb
@@ -400,7 +434,7 @@ def _bind_outputs(bb: relax.BlockBuilder, nodes: dict, node: onnx.NodeProto,
                 nodes[value_name] = bb.emit(field) if isinstance(field, relax.Call) else field
 
 
-def convert_if(importer: onnx_frontend.ONNXGraphImporter, session: Session,
+def convert_if(importer: GraphImporter, session: Session,
                 cond: relax.Expr, attrs: dict) -> relax.Expr:
     """A lazy If: each branch's nodes go into its own binding block inside the ``relax.If``."""
     bb = importer.bb

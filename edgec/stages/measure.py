@@ -19,12 +19,13 @@ from typing import Any, Callable, Mapping
 
 from edgec import runtime
 from edgec.core.model import Model
-from edgec.stages.plan import Plan, PlanSettings, plan
-from edgec.stages.profile import Profile
 from edgec.core.samples import Sample, sample_dims
 from edgec.core.targets import Target
-from edgec.costmodel.decide import dims_key, run_option
+from edgec.costmodel.decide import dims_key, padded_space, region_space, run_option
 from edgec.costmodel.features import loop_trips, region_features
+from edgec.stages.build import build
+from edgec.stages.plan import Plan, PlanSettings, plan, region_padding
+from edgec.stages.profile import Profile
 
 
 def _time_interleaved(calls: list[Callable[[], Any]], runs: int, warmup: int, batches: int) -> list[float]:
@@ -66,8 +67,6 @@ def all_options_plan(model: Model, prof: Profile, target: Target, max_specializa
     regions named ``region_K`` and lowered as separate functions even for a one-region model.
     A region that may pad (``plan.region_padding``, checked on ``samples``) also gets the
     largest profiled shape, the first bucket of ``decide.padded_space``, and pads to them all."""
-    from edgec.stages.plan import region_padding
-    from edgec.costmodel.decide import padded_space, region_space
 
     base = plan(model, prof, target, PlanSettings("specialize-seen", max_specializations, 0.0),
                 one_program=False)
@@ -160,7 +159,6 @@ def measure_model(model: Model, prof: Profile, samples: list[Sample], target: Ta
                   per_shape: int = 1, threads: int | None = 1, source: str = "collect",
                   pass_index: int = 0) -> Measured:
     """Build ``model`` with every option and time each region's functions at each seen shape."""
-    from edgec.stages.build import build
 
     the_plan = all_options_plan(model, prof, target, max_specializations, samples)
     cuts = [r.cut(model) for r in the_plan.regions]

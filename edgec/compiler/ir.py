@@ -1,0 +1,35 @@
+"""Small questions and rewrites over Relax modules that several compiler phases share."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def rewrite_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
+    """Apply ``mutator`` (built over ``mod``) to every Relax function of ``mod``; a new module."""
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gvar, mutator.visit_expr(func))
+    return mutator.builder_.get()
+
+
+def extern_symbols(mod: tvm.IRModule) -> set[str]:
+    """The external functions (``call_dps_packed`` and friends) the Relax functions of ``mod``
+    call, by symbol."""
+    found: set[str] = set()
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.ExternFunc):
+            found.add(str(expr.global_symbol))
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
+    """``mod``'s TIR kernels by name."""
+    return {gvar.name_hint: func for gvar, func in mod.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)}
