@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 from edgec.stages.build import build
-from edgec.compiler.backends import llvm as codegen, native
+from edgec.compiler import native
+from edgec.compiler.backends import llvm as codegen
 from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
 from edgec.compiler.importer.from_onnx import import_onnx
 from edgec.compiler.transform.library_offload import DispatchRules, dispatch_with_stats
