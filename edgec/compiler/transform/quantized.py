@@ -26,7 +26,7 @@ from tvm import relax
 
 from edgec.compiler import native
 from edgec.compiler.backends.llvm import LibraryRewrite
-from edgec.compiler.transform.library_offload import _constant, _weight_id
+from edgec.compiler.transform.library_offload import constant_value, weight_id
 from edgec.compiler.transform.native_kernels import rewrite_functions
 from edgec.errors import CompileError
 from edgec.core.targets import Target
@@ -91,12 +91,12 @@ class _Quantized:
     def form(self, array: np.ndarray) -> tuple[relax.Expr, relax.Expr, int] | None:
         """The int8 form of ``array``: this layer's weight, or it scaled per output channel;
         None for any other weight."""
-        key = _weight_id(array)
+        key = weight_id(array)
         if key not in self.forms:
             if self.forms and not _scaled_per_channel(self.array, array, self.axis):
                 return None
             q, scale = schemes.quantize_weight(array, self.axis)
-            self.forms[key] = (relax.const(q), relax.const(scale), _weight_id(q, scale))
+            self.forms[key] = (relax.const(q), relax.const(scale), weight_id(q, scale))
         return self.forms[key]
 
 
@@ -135,18 +135,18 @@ class _Rewrite(relax.PyExprMutator):
         return call
 
     def _find(self, expr: relax.Expr) -> _Quantized | None:
-        array = _constant(expr)
+        array = constant_value(expr)
         if array is None or array.dtype != np.float32:
             return None
-        return self.by_id.get(_weight_id(array))
+        return self.by_id.get(weight_id(array))
 
     def _find_weight(self, expr: relax.Expr) -> tuple[_Quantized, tuple] | None:
         """The quantized layer whose weight a library call holds (as is, or scaled per output
         channel by library dispatch), and that weight's int8 form."""
-        array = _constant(expr)
+        array = constant_value(expr)
         if array is None or array.dtype != np.float32:
             return None
-        found = self.by_id.get(_weight_id(array))
+        found = self.by_id.get(weight_id(array))
         candidates = [found] if found is not None else self.by_shape.get(array.shape, [])
         for quantized in candidates:
             form = quantized.form(array)
@@ -211,7 +211,7 @@ def library_rewrite(proto: onnx.ModelProto, decisions: dict[str, dict[str, Any]]
             if decision is None or decision["precision"] == "fp32":
                 continue
             compiled = layer.compiled_weight(arrays[layer.weight])
-            by_id[_weight_id(compiled)] = _Quantized(
+            by_id[weight_id(compiled)] = _Quantized(
                 layer, decision["precision"], compiled, scheme, decision.get("activation"))
         mutator = _Rewrite(mod, by_id)
         mod = rewrite_functions(mutator, mod)
