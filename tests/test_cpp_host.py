@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec.core import remote, runtime, zoo
+from edgec import runtime, zoo
+from edgec.core import remote
 from edgec.errors import ArtifactError, InputFileError, SamplesError, ToolchainError
 from edgec.runtime.artifact import FORMAT_VERSION, Artifact
 

@@ -19,8 +19,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgec.core import remote, runtime, zoo
-from edgec.compiler.backends import llvm as codegen, native
+from edgec import runtime, zoo
+from edgec.core import remote
+from edgec.compiler import native
+from edgec.compiler.backends import llvm as codegen
 from edgec.compiler.transform.library_offload import DispatchRules
 from edgec.errors import ToolchainError
 from edgec.runtime.artifact import Artifact

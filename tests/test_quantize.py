@@ -18,7 +18,8 @@ from edgec.stages.plan import plan
 from edgec.stages.profile import profile
 from edgec.stages.quantize import (QuantizeSettings, Quantization, build_guarded, held_out_split,
                             quantize)
-from edgec.stages.quantize import accuracy, schemes, simulate
+from edgec.core import quant_schemes as schemes
+from edgec.stages.quantize import accuracy, simulate
 from edgec.core.quant_layers import PRECISIONS, find_layers
 from edgec.core.reference import reference_session
 from edgec.runtime import load
