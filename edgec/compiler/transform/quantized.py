@@ -26,8 +26,7 @@ import tvm
 from tvm import relax
 
 from edgec.compiler.ir import rewrite_functions
-from edgec.compiler.transform.library_offload import (_constant as constant_value,
-                                                      _weight_id as weight_id)
+from edgec.compiler.transform.library_offload import constant_value, weight_id
 from edgec.core import quant_schemes as schemes
 from edgec.core.quant_layers import Layer, find_layers, initializer_arrays
 from edgec.errors import CompileError

@@ -1,0 +1,162 @@
+"""Canonical forms the library patterns rely on: numpy folding of simple computations on
+constants, inference batch norm as a multiply and an add, ``sum(stack(...))`` as adds, and the
+identities (``broadcast_to`` a tensor's own shape, inference dropout) removed."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from edgec.compiler.transform.library_offload.analysis import (
+    _BATCH_NORM, _BROADCAST_TO, _DROPOUT, _STACK, _SUM, _Analysis, _float32, _Group, _is_call,
+    _same_shape, constant_value, static_shape)
+
+
+def _canonical_groups(analysis: _Analysis) -> list[_Group]:
+    groups = []
+    folded: dict[relax.Var, np.ndarray] = {}
+
+    def lookup(expr: relax.Expr) -> np.ndarray | None:
+        return folded.get(expr) if isinstance(expr, relax.Var) else constant_value(expr)
+
+    for var, binding in analysis.bindings.items():
+        value = binding.value
+        array = _fold(value, lookup, var)
+        if array is not None:
+            folded[var] = array
+            groups.append(_Group(tail=var, drop=set(), alias=relax.const(array)))
+            continue
+        bn_group = _batch_norm_group(analysis, var, value, lookup)
+        if bn_group is not None:
+            groups.append(bn_group)
+        elif var in analysis.used_outside:  # an alias would leave its block's scope: keep it
+            pass
+        elif (isinstance(value, relax.TupleGetItem) and int(value.index) == 0
+                and _is_call(analysis.value(value.tuple_value), _DROPOUT)
+                and analysis.sole_consumer(value.tuple_value) is not None):
+            # Inference dropout is the identity; its mask output is unused.
+            dropout = analysis.value(value.tuple_value)
+            groups.append(_Group(tail=var, drop={value.tuple_value}, alias=dropout.args[0]))
+        elif _is_call(value, _BROADCAST_TO) and _same_shape(value.args[0], var):
+            groups.append(_Group(tail=var, drop=set(), alias=value.args[0]))
+        if _is_call(value, _SUM) and isinstance(value.args[0], relax.Var):
+            stacked = analysis.value(value.args[0])
+            consumer = analysis.sole_consumer(value.args[0])
+            if not (_is_call(stacked, _STACK) and consumer is not None):
+                continue
+            axes = value.attrs.axis
+            if (stacked.attrs.axis is None or int(stacked.attrs.axis) != 0 or axes is None
+                    or [int(a) for a in axes] != [0] or value.attrs.keepdims):
+                continue
+            items = list(stacked.args[0].fields)
+            # One item (ONNX Sum of one input) is not a chain of adds: it stays as TVM has it.
+            if len(items) < 2 or not all(_same_shape(item, var) for item in items):
+                continue
+
+            def build(visit, emit, items=items):
+                total = visit(items[0])
+                for item in items[1:-1]:
+                    total = emit(relax.op.add(total, visit(item)))
+                return relax.op.add(total, visit(items[-1]))
+
+            groups.append(_Group(tail=var, drop={value.args[0]}, build=build))
+    return groups
+
+
+_FOLD_LIMIT = 1 << 26  # elements: larger results stay computations
+
+
+def _fold(value: relax.Expr, lookup, var: relax.Var) -> np.ndarray | None:
+    """Evaluate, in numpy, a call of a simple op whose tensor arguments are all constants.
+
+    The importer writes weights as such calls (``broadcast_to`` of a scalar, Gemm's transposed
+    weight, ``expand_dims`` of batch-norm parameters); TVM's FoldConstant would compile each one
+    with LLVM, seconds for a model.
+    """
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or static_shape(var) is None:
+        return None
+    shape = static_shape(var)
+    if int(np.prod(shape)) > _FOLD_LIMIT:
+        return None
+    arrays = []
+    for arg in value.args:
+        if isinstance(arg, relax.ShapeExpr):
+            continue
+        array = lookup(arg)
+        if array is None:
+            return None
+        arrays.append(array)
+    name = value.op.name
+    attrs = value.attrs
+    if name in ("relax.broadcast_to", "relax.reshape"):
+        result = np.broadcast_to(arrays[0], shape) if name == "relax.broadcast_to" else arrays[0]
+    elif name == "relax.expand_dims":
+        rank = arrays[0].ndim + len(attrs.axis)
+        result = np.expand_dims(arrays[0], tuple(int(a) % rank for a in attrs.axis))
+    elif name == "relax.permute_dims":
+        axes = None if attrs.axes is None else [int(a) for a in attrs.axes]
+        result = np.transpose(arrays[0], axes)
+    elif name == "relax.squeeze":
+        result = arrays[0]
+    elif str(ty.dtype).startswith("float") and name in _NUMPY_BINARY and len(arrays) == 2:
+        result = _NUMPY_BINARY[name](arrays[0].astype(np.float64), arrays[1].astype(np.float64))
+    elif str(ty.dtype).startswith("float") and name in _NUMPY_UNARY and len(arrays) == 1:
+        result = _NUMPY_UNARY[name](arrays[0].astype(np.float64))
+    else:  # integer arithmetic keeps TVM's semantics: TVM folds it later
+        return None
+    result = np.asarray(result)
+    if result.size != int(np.prod(shape)):
+        return None
+    # np.require, not np.ascontiguousarray, which makes a 0-d result 1-d.
+    return np.require(result.reshape(shape).astype(str(ty.dtype)), requirements="C")
+
+
+_NUMPY_BINARY = {"relax.add": np.add, "relax.subtract": np.subtract,
+                 "relax.multiply": np.multiply, "relax.divide": np.divide}
+_NUMPY_UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative}
+
+
+def _batch_norm_group(analysis: _Analysis, var: relax.Var, value: relax.Expr,
+                      lookup) -> _Group | None:
+    """An inference batch norm with constant parameters as ``x * scale + shift``.
+
+    ``var`` binds the batch norm's tuple; the group replaces the binding of its element 0 (the
+    other elements must be unused).
+    """
+    if not _is_call(value, _BATCH_NORM) or value.attrs.training:
+        return None
+    params = [lookup(arg) for arg in value.args[1:5]]
+    x = value.args[0]
+    if any(p is None for p in params) or not _float32(x) or x.ty.ndim is None or x.ty.ndim < 2:
+        return None
+    getters = [analysis.bindings[c] for c in analysis.consumers.get(var, [])]
+    if analysis.uses.get(var, 0) != len(getters) or not all(
+            isinstance(g.value, relax.TupleGetItem) for g in getters):
+        return None
+    first = [g for g in getters if int(g.value.index) == 0]
+    rest = [g for g in getters if int(g.value.index) != 0]
+    if len(first) != 1 or any(analysis.uses.get(g.var, 0) for g in rest):
+        return None
+    attrs = value.attrs
+    gamma, beta, mean, variance = (p.astype(np.float64).reshape(-1) for p in params)
+    if not attrs.scale:
+        gamma = np.ones_like(gamma)
+    if not attrs.center:
+        beta = np.zeros_like(beta)
+    factor = gamma / np.sqrt(variance + float(attrs.epsilon))
+    rank = x.ty.ndim
+    axis = int(attrs.axis) % rank
+    shape = [1] * rank
+    shape[axis] = factor.size
+    scale = factor.reshape(shape).astype(np.float32)
+    shift = (beta - mean * factor).reshape(shape).astype(np.float32)
+
+    def build(visit, emit):
+        return relax.op.add(emit(relax.op.multiply(visit(x), relax.const(scale))),
+                            relax.const(shift))
+
+    return _Group(tail=first[0].var, drop={var} | {g.var for g in rest}, build=build)

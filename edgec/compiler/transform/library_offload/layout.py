@@ -1,0 +1,330 @@
+"""Blocked layout: keep activations in the library's layout (oneDNN: NCHW{b}c; XNNPACK: NHWC)
+between its convolutions, and run the TVM ops between them in that layout too."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from edgec.compiler.transform.library_offload import LIBRARIES, DispatchRules
+from edgec.compiler.transform.library_offload.analysis import (
+    _Analysis, _is_call, _per_channel, _same_shape, constant_value)
+
+_CONV_FUNCTIONS = tuple(DispatchRules(library=lib).symbol(f)
+                        for lib in LIBRARIES for f in ("conv2d", "conv2d_add"))
+_CALL_DPS_PACKED = tvm.ir.Op.get("relax.call_dps_packed")
+_UNARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in (
+    "nn.relu", "sigmoid", "tanh", "clip", "nn.silu", "nn.gelu", "nn.gelu_tanh", "exp", "sqrt",
+    "negative", "abs",
+))
+_BINARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in (
+    "add", "subtract", "multiply", "divide", "maximum", "minimum",
+))
+_POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
+_MEAN = tvm.ir.Op.get("relax.mean")
+_CONCAT = tvm.ir.Op.get("relax.concat")
+
+
+def _channels(expr: relax.Expr) -> int | None:
+    """The static channel count of a rank-4 float32 tensor, else None."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.dtype != "float32":
+        return None
+    values = getattr(ty.shape, "values", None) if ty.shape is not None else None
+    if values is None or not isinstance(values[1], tirx.IntImm):
+        return None
+    return int(values[1])
+
+
+def _block_of(channels: int | None, preferred: int | None) -> int | None:
+    """The channel block for a tensor: ``preferred`` if it divides the channels, else all of them
+    (``preferred`` None: always all of them).
+
+    A block of all channels, [N, 1, H, W, C], is NHWC: XNNPACK's layout, and oneDNN's for grouped
+    and depthwise convolutions and for channel counts its blocked kernels do not take.
+    """
+    if channels is None:
+        return None
+    return preferred if preferred is not None and channels % preferred == 0 else channels
+
+
+def _to_blocked(x: relax.Expr, block: int) -> relax.Expr:
+    return relax.op.layout_transform(
+        x, index_map=lambda n, c, h, w: (n, c // block, h, w, c % block))
+
+
+def _to_plain(x: relax.Expr, block: int) -> relax.Expr:
+    return relax.op.layout_transform(x, index_map=lambda n, cb, h, w, c: (n, cb * block + c, h, w))
+
+
+def _reblock(x: relax.Expr, old: int, new: int) -> relax.Expr:
+    return relax.op.layout_transform(
+        x, index_map=lambda n, cb, h, w, c: (n, (cb * old + c) // new, h, w, (cb * old + c) % new))
+
+
+def _blocked_type(ty: relax.TensorType, block: int) -> relax.TensorType:
+    n, c, h, w = ty.shape.values
+    return relax.TensorType([n, int(c) // block, h, w, block], ty.dtype)
+
+
+def _blocked_constant(array: np.ndarray, channels: int, block: int) -> np.ndarray | None:
+    """A constant operand of a rank-4 op, rewritten for the blocked layout, else None."""
+    if array.size == 1:
+        return array.reshape(()) if array.ndim else array
+    vector = _per_channel(array, channels, 4, 1)
+    if vector is None:
+        return None
+    return vector.reshape(1, channels // block, 1, 1, block)
+
+
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
+_PERMUTE_DIMS = tvm.ir.Op.get("relax.permute_dims")
+_SHUFFLE_LIMIT = 1 << 22  # elements simulated to recognize a shuffle
+
+
+def _batch_dim(expr: relax.Expr) -> tirx.Var | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None) or []
+    return values[0] if values and isinstance(values[0], tirx.Var) else None
+
+
+def _shape_with_batch(expr: relax.Expr, batch: tirx.Var | None) -> tuple[int, ...] | None:
+    """``expr``'s static shape, with a leading symbolic ``batch`` dim taken as 1."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = list(getattr(ty.shape, "values", None) or [])
+    if values and batch is not None and values[0].same_as(batch):
+        values[0] = tirx.IntImm("int64", 1)
+    if not values or not all(isinstance(v, tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v) for v in values)
+
+
+def _channel_shuffles(analysis: _Analysis) -> dict[relax.Var, tuple]:
+    """``reshape -> permute_dims -> reshape`` chains that only permute channels (ShuffleNet).
+
+    Maps the last variable of each to (its NCHW input, the two intermediate variables, the
+    channel permutation as int64 indices). The chain is simulated on an index tensor of the
+    input's static shape, so only true channel permutations match.
+    """
+    found = {}
+    for var, binding in analysis.bindings.items():
+        last = binding.value
+        if not _is_call(last, _RESHAPE) or not isinstance(last.args[0], relax.Var):
+            continue
+        middle_var = last.args[0]
+        middle = analysis.value(middle_var)
+        if not _is_call(middle, _PERMUTE_DIMS) or not isinstance(middle.args[0], relax.Var):
+            continue
+        first_var = middle.args[0]
+        first = analysis.value(first_var)
+        if not _is_call(first, _RESHAPE) or analysis.sole_consumer(first_var) is None:
+            continue
+        if analysis.sole_consumer(middle_var) is None or first_var in analysis.used_outside:
+            continue
+        source = first.args[0]
+        batch = _batch_dim(source)
+        shape = _shape_with_batch(source, batch) if _channels(source) is not None else None
+        inner = _shape_with_batch(first_var, batch)
+        if shape is None or inner is None or _shape_with_batch(var, batch) != shape:
+            continue
+        if int(np.prod(shape)) > _SHUFFLE_LIMIT or middle.attrs.axes is None:
+            continue
+        index = np.arange(int(np.prod(shape))).reshape(shape)
+        moved = index.reshape(inner).transpose([int(a) for a in middle.attrs.axes]).reshape(shape)
+        n, c, h, w = np.unravel_index(moved, shape)
+        grid = np.indices(shape)
+        if not ((n == grid[0]).all() and (h == grid[2]).all() and (w == grid[3]).all()):
+            continue
+        permutation = c[0, :, 0, 0]
+        if not (c == permutation.reshape(1, -1, 1, 1)).all():
+            continue
+        found[var] = (source, (first_var, middle_var), permutation.astype(np.int64))
+    return found
+
+
+def _block_layout(func: relax.Function, preferred: int | None,
+                  mod: tvm.IRModule) -> relax.Function:
+    """Rewrite ``func`` so tensors flow between library convolutions in a blocked layout.
+
+    A library convolution writes NCHW{b}c, with b ``preferred`` where it divides the output
+    channels, else all channels (NHWC as [N, 1, H, W, C]; ``preferred`` None: always NHWC,
+    XNNPACK's layout). Ops that can run on blocked tensors of one block
+    (elementwise with per-channel or scalar constants, 2-D pooling, channel concat, spatial mean)
+    then run blocked in TVM. Any other use of a blocked tensor gets a ``layout_transform`` back
+    to NCHW before its first such use, or right after its binding when it is used outside its
+    block, so the NCHW variable keeps its name and scope.
+    """
+    analysis = _Analysis(func)
+    shuffles = _channel_shuffles(analysis)
+    shuffle_steps = {v for _, steps, _ in shuffles.values() for v in steps}
+
+    @relax.expr_functor.mutator
+    class Blocker(relax.PyExprMutator):
+        def __init__(self, mod: tvm.IRModule) -> None:
+            super().__init__(mod)
+            self.blocked: dict[relax.Var, tuple[relax.Var, int]] = {}
+            self.plain: dict[relax.Var, relax.Var] = {}
+            self.deferred: dict[relax.Var, relax.VarBinding] = {}
+
+        def _plain(self, var: relax.Var) -> relax.Var:
+            if var not in self.plain:
+                blocked, block = self.blocked[var]
+                self.plain[var] = self.builder_.emit(_to_plain(blocked, block), f"{var.name}_nchw")
+            return self.plain[var]
+
+        def visit_var_(self, var: relax.Var) -> relax.Expr:
+            return self._plain(var) if var in self.blocked else super().visit_var_(var)
+
+        def visit_dataflow_var_(self, var: relax.Var) -> relax.Expr:
+            return self._plain(var) if var in self.blocked else super().visit_dataflow_var_(var)
+
+        def _block(self, expr: relax.Expr) -> int | None:
+            if isinstance(expr, relax.Var) and expr in self.blocked:
+                return self.blocked[expr][1]
+            return None
+
+        def _blocked_arg(self, expr: relax.Expr, block: int) -> relax.Expr:
+            """``expr`` in NCHW{block}c, converted from NCHW or another block if need be."""
+            current = self._block(expr)
+            if current == block:
+                return self.blocked[expr][0]
+            if current is not None:
+                return _reblock(self.blocked[expr][0], current, block)
+            return _to_blocked(self.visit_expr(expr), block)
+
+        def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+            var = binding.var
+            if var in shuffle_steps:  # decided at the shuffle's last step
+                self.deferred[var] = binding
+                return
+            if var in shuffles:
+                source, steps, permutation = shuffles[var]
+                if self._block(source) is None:  # an NCHW input: the shuffle stays as written
+                    for step in steps:
+                        super().visit_var_binding_(self.deferred.pop(step))
+                    super().visit_var_binding_(binding)
+                    return
+                channels = _channels(source)
+                nhwc = self._blocked_arg(source, channels)
+                value = relax.op.take(nhwc, relax.const(permutation), axis=4)
+                self.blocked[var] = (self.builder_.emit(value, f"{var.name}_nhwc"), channels)
+                if var in analysis.used_outside:
+                    plain = self.builder_.normalize(_to_plain(self.blocked[var][0], channels))
+                    self.builder_.emit_normalized(relax.VarBinding(var, plain))
+                    self.plain[var] = var
+                return
+            preferred_block = _block_of(_channels(var), preferred)
+            found = (self._blocked_value(var, binding.value, preferred_block)
+                     if preferred_block else None)
+            if found is None:
+                super().visit_var_binding_(binding)
+                return
+            value, block = found
+            self.blocked[var] = (self.builder_.emit(value, f"{var.name}_nc{block}c"), block)
+            if var in analysis.used_outside:
+                plain = self.builder_.normalize(_to_plain(self.blocked[var][0], block))
+                self.builder_.emit_normalized(relax.VarBinding(var, plain))
+                self.plain[var] = var
+
+        def _blocked_value(self, var: relax.Var, value: relax.Expr,
+                           preferred_block: int) -> tuple[relax.Expr, int] | None:
+            """``value`` computed in a blocked layout, and its block; None to keep it NCHW.
+
+            Ops other than convolutions go blocked only when an input already is: converting
+            their NCHW inputs would add copies, not remove them.
+            """
+            if not isinstance(value, relax.Call):
+                return None
+            op, args = value.op, value.args
+            if op.same_as(_CALL_DPS_PACKED):
+                return self._conv(var, value, preferred_block)
+            blocks = [self._block(arg) for arg in args]
+            block = next((b for b in blocks if b is not None), None)
+            if block is None and op.same_as(_CONCAT) and isinstance(args[0], relax.Tuple):
+                blocks = [self._block(f) for f in args[0].fields]
+                block = next((b for b in blocks if b is not None), None)
+            if block is None:
+                return None
+            if op.same_as(_CONCAT):
+                return self._concat(var, value)
+            first = self.blocked[args[0]][0] if blocks[0] == block else None
+            if any(op.same_as(unary) for unary in _UNARY) and first is not None:
+                return relax.Call(op, [first, *args[1:]], value.attrs), block
+            if any(op.same_as(binary) for binary in _BINARY):
+                new_args = []
+                for arg in args:
+                    constant = constant_value(arg)
+                    if constant is not None:
+                        folded = _blocked_constant(constant, _channels(var), block)
+                        if folded is None:
+                            return None
+                        new_args.append(relax.const(folded.astype(constant.dtype)))
+                    elif _same_shape(arg, var):
+                        new_args.append(self._blocked_arg(arg, block))
+                    else:
+                        return None
+                return relax.Call(op, new_args, value.attrs), block
+            if any(op.same_as(pool) for pool in _POOLS) and first is not None:
+                attrs = value.attrs
+                if attrs.layout != "NCHW" or attrs.out_layout != "NCHW":
+                    return None
+                make = relax.op.nn.max_pool2d if op.same_as(_POOLS[0]) else relax.op.nn.avg_pool2d
+                return make(first, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation,
+                            attrs.ceil_mode, attrs.count_include_pad, f"NCHW{block}c",
+                            f"NCHW{block}c"), block
+            if op.same_as(_MEAN) and first is not None:
+                axes = sorted(int(a) % 4 for a in value.attrs.axis) if value.attrs.axis else []
+                if axes != [2, 3] or not value.attrs.keepdims:
+                    return None
+                return relax.op.mean(first, axis=[2, 3], keepdims=True), block
+            return None
+
+        def _concat(self, var: relax.Var, value: relax.Call) -> tuple[relax.Expr, int] | None:
+            """A channel concat: along the block axis when every input divides into the output's
+            blocks, else in NHWC ([N, 1, H, W, C]) along the channel axis."""
+            fields = list(value.args[0].fields)
+            if value.attrs.axis is None or int(value.attrs.axis) % 4 != 1:
+                return None
+            channels = [_channels(f) for f in fields]
+            if any(c is None for c in channels):
+                return None
+            block = _block_of(_channels(var), preferred)
+            if block != _channels(var) and all(c % block == 0 for c in channels):
+                return relax.op.concat([self._blocked_arg(f, block) for f in fields], axis=1), block
+            nhwc = [self._blocked_arg(f, c) for f, c in zip(fields, channels)]
+            return relax.op.concat(nhwc, axis=4), _channels(var)
+
+        def _conv(self, var: relax.Var, value: relax.Call,
+                  block: int) -> tuple[relax.Expr, int] | None:
+            func, args = value.args
+            if not (isinstance(func, relax.ExternFunc) and func.global_symbol in _CONV_FUNCTIONS):
+                return None
+            residual = str(func.global_symbol).endswith("_conv2d_add")
+            nhwc_only = str(func.global_symbol).startswith("edgec_xnn_")
+            fields = list(args.fields)
+            weight = constant_value(fields[1])
+            groups = int(fields[12 if residual else 11].value)
+            if (weight is not None and groups > 1 and weight.shape[1] > 1
+                    and (weight.shape[1] % block or weight.shape[0] // groups % block)):
+                # oneDNN's blocked kernels take groups of whole blocks; the others run NHWC.
+                block = _channels(var)
+            new_args = []
+            for index, arg in enumerate(fields):
+                if (index == 0 and self._block(arg) is not None and nhwc_only
+                        and self._block(arg) != _channels(arg)):  # XNNPACK reads NHWC only
+                    new_args.append(self._blocked_arg(arg, _channels(arg)))
+                elif index == 0 and self._block(arg) is not None:  # oneDNN reads any block
+                    new_args.append(self.blocked[arg][0])
+                elif index == 3 and residual:  # the residual takes the output's layout
+                    new_args.append(self._blocked_arg(arg, block))
+                else:  # weights, attributes, and an NCHW input (the image) the shim reorders
+                    new_args.append(self.visit_expr(arg))
+            out_ty = _blocked_type(var.ty, block)
+            return relax.call_dps_packed(func.global_symbol, new_args, out_ty), block
+
+    return Blocker(mod).visit_expr(func)

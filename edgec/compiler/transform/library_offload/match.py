@@ -1,0 +1,161 @@
+"""Library patterns: convolutions and matmuls with constant weights, with the per-channel affine
+ops, residual add and relu after them, rewritten into ``call_dps_packed`` calls of the shim that
+``DispatchRules.library`` names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import relax
+
+from edgec.compiler.transform.library_offload import FLAG_RELU, DispatchRules, DispatchStats
+from edgec.compiler.transform.library_offload.analysis import (
+    _ADD, _CONV2D, _DIVIDE, _MATMUL, _MULTIPLY, _RELU, _SUBTRACT, _Analysis, _Binding, _float32,
+    _Group, _is_call, _per_channel, _same_shape, constant_value, static_shape, weight_id)
+
+
+@dataclass
+class _Epilogue:
+    """What follows a conv or matmul and fuses into its call."""
+
+    tail: relax.Var
+    drop: set[relax.Var]
+    scale: np.ndarray
+    shift: np.ndarray
+    residual: relax.Expr | None = None
+    relu: bool = False
+
+
+def _epilogue(analysis: _Analysis, head: relax.Var, channels: int, rank: int, axis: int,
+              residual: bool, taken: set[relax.Var]) -> _Epilogue:
+    """Follow ``head``'s chain of sole consumers: per-channel affine ops, residual add, relu.
+
+    ``axis`` is the channel axis of the rank-``rank`` output; bindings in ``taken`` belong to
+    another group and end the chain.
+    """
+    ep = _Epilogue(head, {head}, np.ones(channels, np.float32), np.zeros(channels, np.float32))
+    affine = True
+    while True:
+        consumer = analysis.sole_consumer(ep.tail)
+        if consumer is None or consumer.var in taken:
+            return ep
+        value, var = consumer.value, consumer.var
+        if _is_call(value, _RELU):
+            ep.relu = True
+            ep.tail = var
+            ep.drop.add(var)
+            return ep
+        if any(_is_call(value, op) for op in (_ADD, _SUBTRACT, _MULTIPLY, _DIVIDE)):
+            first = value.args[0].same_as(ep.tail)
+            other = value.args[1] if first else value.args[0]
+            constant = constant_value(other)
+            if constant is not None:
+                vector = _per_channel(constant, channels, rank, axis)
+                if vector is None or not affine:
+                    return ep
+                if _is_call(value, _ADD):
+                    ep.shift = ep.shift + vector
+                elif _is_call(value, _SUBTRACT):
+                    if not first:  # c - x: not an affine map of x with scale 1
+                        return ep
+                    ep.shift = ep.shift - vector
+                elif _is_call(value, _MULTIPLY):
+                    ep.scale, ep.shift = ep.scale * vector, ep.shift * vector
+                else:
+                    if not first or np.any(vector == 0):
+                        return ep
+                    ep.scale, ep.shift = ep.scale / vector, ep.shift / vector
+            elif (_is_call(value, _ADD) and residual and ep.residual is None
+                  and _same_shape(other, var) and _same_shape(ep.tail, var) and _float32(other)):
+                ep.residual = other
+                affine = False
+            else:
+                return ep
+            ep.tail = var
+            ep.drop.add(var)
+            continue
+        return ep
+
+
+def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
+                taken: set[relax.Var], stats: DispatchStats) -> _Group | None:
+    call = binding.value
+    attrs = call.attrs
+    data, weight = call.args
+    w = constant_value(weight)
+    if (w is None or w.dtype != np.float32 or w.ndim != 4 or not _float32(data)
+            or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW"
+            or attrs.out_layout != "NCHW" or attrs.out_dtype not in (None, "", "float32")
+            or data.ty.ndim != 4):
+        return None
+    out_channels = w.shape[0]
+    ep = _epilogue(analysis, binding.var, out_channels, 4, 1, residual=True, taken=taken)
+    weight_folded = (w * ep.scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+    bias = ep.shift.astype(np.float32)
+    groups = int(attrs.groups)
+    wid = weight_id(weight_folded)
+    ints = [*attrs.strides, *attrs.padding, *attrs.dilation, groups,
+            FLAG_RELU if ep.relu else 0, wid]
+    name = rules.symbol("conv2d_add" if ep.residual is not None else "conv2d")
+    out_ty = ep.tail.ty
+    stats.add(name)
+
+    def build(visit, emit, residual=ep.residual):
+        args = [visit(data), relax.const(weight_folded), relax.const(bias)]
+        if residual is not None:
+            args.append(visit(residual))
+        args += [relax.prim_value(int(v)) for v in ints]
+        return relax.call_dps_packed(name, args, out_ty)
+
+    return _Group(tail=ep.tail, drop=ep.drop, build=build)
+
+
+def _dense_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
+                 taken: set[relax.Var], stats: DispatchStats) -> _Group | None:
+    call = binding.value
+    data, weight = call.args
+    w = constant_value(weight)
+    if (w is None or w.dtype != np.float32 or w.ndim != 2 or not _float32(data)
+            or data.ty.ndim < 1 or call.attrs.out_dtype not in (None, "", "float32")):
+        return None
+    if w.shape[0] * w.shape[1] < rules.dense_min_weight:
+        return None
+    rows = static_shape(data)
+    if rows is not None and int(np.prod(rows)) * w.shape[1] < rules.dense_min_macs:
+        return None
+    rank = binding.var.ty.ndim
+    n = w.shape[1]
+    ep = _epilogue(analysis, binding.var, n, rank, rank - 1, residual=False, taken=taken)
+    weight_folded = (w * ep.scale.reshape(1, -1)).astype(np.float32)
+    bias = ep.shift.astype(np.float32)
+    flags = FLAG_RELU if ep.relu else 0
+    wid = weight_id(weight_folded)
+    out_ty = ep.tail.ty
+    name = rules.symbol("dense")
+    stats.add(name)
+
+    def build(visit, emit):
+        args = [visit(data), relax.const(weight_folded), relax.const(bias),
+                relax.prim_value(flags), relax.prim_value(wid)]
+        return relax.call_dps_packed(name, args, out_ty)
+
+    return _Group(tail=ep.tail, drop=ep.drop, build=build)
+
+
+def _library_groups(analysis: _Analysis, rules: DispatchRules,
+                    stats: DispatchStats) -> list[_Group]:
+    groups: list[_Group] = []
+    taken: set[relax.Var] = set()
+    for var, binding in analysis.bindings.items():
+        if var in taken:
+            continue
+        group = None
+        if rules.conv2d and _is_call(binding.value, _CONV2D):
+            group = _conv_group(analysis, binding, rules, taken, stats)
+        elif rules.dense and _is_call(binding.value, _MATMUL):
+            group = _dense_group(analysis, binding, rules, taken, stats)
+        if group is not None:
+            groups.append(group)
+            taken |= group.drop
+    return groups

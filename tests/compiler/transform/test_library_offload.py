@@ -1,0 +1,199 @@
+"""The library offload's three module passes, each on a small Relax module written in TVMScript
+and compared with the module it should become (IR only: nothing is compiled)."""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm.script import ir as I, relax as R, tirx as T
+
+from edgec.compiler.transform.library_offload import (
+    FLAG_RELU, Canonicalize, DispatchRules, DispatchStats, Offload, PropagateLayout,
+    dispatch_with_stats, weight_id)
+
+_RNG = np.random.default_rng(0)
+W = _RNG.standard_normal((8, 4, 3, 3)).astype(np.float32)  # OIHW, 4 -> 8 channels
+BIAS = _RNG.standard_normal(8).astype(np.float32)
+GAMMA, BETA, MEAN = (_RNG.uniform(-1, 1, 8).astype(np.float32) for _ in range(3))
+VAR = _RNG.uniform(0.5, 1.5, 8).astype(np.float32)
+W16 = _RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
+B16 = _RNG.standard_normal(16).astype(np.float32)
+DENSE = _RNG.standard_normal((16, 32)).astype(np.float32)
+
+
+def _bn_scale_shift() -> tuple[np.ndarray, np.ndarray]:
+    """Inference batch norm as x * scale + shift, computed as the pass does (float64)."""
+    factor = GAMMA.astype(np.float64) / np.sqrt(VAR.astype(np.float64) + 1e-5)
+    shift = BETA.astype(np.float64) - MEAN.astype(np.float64) * factor
+    return (factor.reshape(1, 8, 1, 1).astype(np.float32),
+            shift.reshape(1, 8, 1, 1).astype(np.float32))
+
+
+def test_canonicalize_turns_a_batch_norm_after_a_conv_into_multiply_add():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                c = R.nn.conv2d(x, R.const(W), padding=[1, 1, 1, 1])
+                bn = R.nn.batch_norm(c, R.const(GAMMA), R.const(BETA), R.const(MEAN),
+                                     R.const(VAR), axis=1, epsilon=1e-5, training=False)
+                y = bn[0]
+                R.output(y)
+            return y
+
+    scale, shift = _bn_scale_shift()
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                c = R.nn.conv2d(x, R.const(W), padding=[1, 1, 1, 1])
+                lv = R.multiply(c, R.const(scale))
+                y = R.add(lv, R.const(shift))
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(Canonicalize()(Before), Expected)
+
+
+def test_offload_makes_conv_bias_relu_one_library_call():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                c = R.nn.conv2d(x, R.const(W), padding=[1, 1, 1, 1])
+                b = R.add(c, R.const(BIAS.reshape(1, 8, 1, 1)))
+                y = R.nn.relu(b)
+                R.output(y)
+            return y
+
+    wid = weight_id(W)  # the bias folds in as is: the weight is unscaled
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                # x, w, b, strides, padding (t, l, b, r), dilation, groups, flags, weight id
+                y = R.call_dps_packed(
+                    "edgec_dnnl_conv2d",
+                    (x, R.const(W), R.const(BIAS), 1, 1, 1, 1, 1, 1, 1, 1, 1, FLAG_RELU, wid),
+                    out_ty=R.Tensor((1, 8, 8, 8), "float32"))
+                R.output(y)
+            return y
+
+    stats = DispatchStats()
+    after = Offload(DispatchRules(), stats)(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    assert stats.calls == {"edgec_dnnl_conv2d": 1}
+
+
+@I.ir_module
+class _TinyDense:
+    @R.function
+    def main(x: R.Tensor((1, 16), "float32")) -> R.Tensor((1, 32), "float32"):
+        with R.dataflow():
+            y = R.matmul(x, R.const(DENSE))
+            R.output(y)
+        return y
+
+
+def test_offload_leaves_a_matmul_below_the_tiny_threshold_a_matmul():
+    # 1 x 16 x 32 = 512 multiply-adds: fewer than a library call costs (dense_min_macs 4096).
+    stats = DispatchStats()
+    tvm.ir.assert_structural_equal(Offload(DispatchRules(), stats)(_TinyDense), _TinyDense)
+    assert stats.calls == {}
+
+    # Without the threshold (quantized builds) the same matmul is a library call.
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 16), "float32")) -> R.Tensor((1, 32), "float32"):
+            with R.dataflow():
+                y = R.call_dps_packed(
+                    "edgec_dnnl_dense",
+                    (x, R.const(DENSE), R.const(np.zeros(32, np.float32)), 0, weight_id(DENSE)),
+                    out_ty=R.Tensor((1, 32), "float32"))
+                R.output(y)
+            return y
+
+    every = Offload(DispatchRules(dense_min_macs=0))(_TinyDense)
+    tvm.ir.assert_structural_equal(every, Expected)
+
+
+def test_propagate_layout_keeps_activations_blocked_between_two_convs():
+    """conv -> relu -> conv with a residual of the NCHW input: the convs write NCHW16c, the relu
+    runs on it, the residual is transformed to it, and the output back to NCHW."""
+    wid = weight_id(W16)
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32")) -> R.Tensor((1, 16, 8, 8), "float32"):
+            with R.dataflow():
+                c = R.call_dps_packed(
+                    "edgec_dnnl_conv2d",
+                    (x, R.const(W16), R.const(B16), 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, wid),
+                    out_ty=R.Tensor((1, 16, 8, 8), "float32"))
+                r = R.nn.relu(c)
+                y = R.call_dps_packed(
+                    "edgec_dnnl_conv2d_add",
+                    (r, R.const(W16), R.const(B16), x, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, wid),
+                    out_ty=R.Tensor((1, 16, 8, 8), "float32"))
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32")) -> R.Tensor((1, 16, 8, 8), "float32"):
+            with R.dataflow():
+                # The shim reorders the NCHW image itself: no transform before the first conv.
+                c_nc16c = R.call_dps_packed(
+                    "edgec_dnnl_conv2d",
+                    (x, R.const(W16), R.const(B16), 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, wid),
+                    out_ty=R.Tensor((1, 1, 8, 8, 16), "float32"))
+                r_nc16c = R.nn.relu(c_nc16c)
+                x_nc16c = R.layout_transform(
+                    x, index_map=T.index_map(lambda n, c, h, w: (n, c // 16, h, w, c % 16)))
+                y_nc16c = R.call_dps_packed(
+                    "edgec_dnnl_conv2d_add",
+                    (r_nc16c, R.const(W16), R.const(B16), x_nc16c,
+                     1, 1, 1, 1, 1, 1, 1, 1, 1, 0, wid),
+                    out_ty=R.Tensor((1, 1, 8, 8, 16), "float32"))
+                y = R.layout_transform(
+                    y_nc16c, index_map=T.index_map(lambda n, cb, h, w, c: (n, cb * 16 + c, h, w)))
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(PropagateLayout(DispatchRules(block=16))(Before), Expected)
+    # block 0: every tensor stays NCHW.
+    tvm.ir.assert_structural_equal(PropagateLayout(DispatchRules(block=0))(Before), Before)
+
+
+def test_dispatch_with_stats_is_the_three_passes_in_order_and_leaves_its_input_alone():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 4, 8, 8), "float32")) -> R.Tensor((1, 8, 8, 8), "float32"):
+            with R.dataflow():
+                c = R.nn.conv2d(x, R.const(W), padding=[1, 1, 1, 1])
+                bn = R.nn.batch_norm(c, R.const(GAMMA), R.const(BETA), R.const(MEAN),
+                                     R.const(VAR), axis=1, epsilon=1e-5, training=False)
+                y = R.nn.relu(bn[0])
+                R.output(y)
+            return y
+
+    text = Before.script()
+    rules = DispatchRules(block=8)
+    out, stats = dispatch_with_stats(Before, rules)
+    assert Before.script() == text
+    assert stats.calls == {"edgec_dnnl_conv2d": 1}
+    pipeline = tvm.transform.Sequential([Canonicalize(), Offload(rules), PropagateLayout(rules)])
+    tvm.ir.assert_structural_equal(pipeline(Before), out)
+    # The batch norm went into the conv; the output comes back from NCHW8c once.
+    ops = [b.value.op.name for b in out["main"].body.blocks[0].bindings]
+    assert ops == ["relax.call_dps_packed", "relax.layout_transform"]
