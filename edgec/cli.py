@@ -631,19 +631,16 @@ def costmodel_collect(target: str | None, models: str, passes: int, runs: int, b
               help="Where to write the model (default: autotune/<target>/costmodel.json).")
 def costmodel_train(target: str | None, output: Path | None) -> None:
     """Fit the cost model on the target's measurements; the learner is picked by held-out error."""
-    from edgec.tools.costmodel.evaluate import _best_rows
-    from edgec.costmodel.model import default_path, fit
+    from edgec.costmodel.model import default_path
     from edgec.costmodel.store import load_measurements
+    from edgec.tools.costmodel.evaluate import train
 
     loaded = _target_or_default(target)
-    rows = load_measurements(loaded)
-    regions = _best_rows([r for r in rows if r.get("kind") == "region" and r["target"] == loaded.name])
-    builds = [r for r in rows if r.get("kind") == "build" and r["target"] == loaded.name]
-    fitted = fit(regions, builds, loaded.name)
+    fitted, regions = train(loaded, load_measurements(loaded))
     path = fitted.save(output or default_path(loaded))
     scores = ", ".join(f"{k} rank error {v['rank_error']} log-RMSE {v['log_rmse']} MAPE {v['mape']}"
                        for k, v in fitted.training["held_out"].items())
-    click.echo(f"fitted {fitted.training['learner']} on {len(regions)} region timings of "
+    click.echo(f"fitted {fitted.training['learner']} on {regions} region timings of "
                f"{len(fitted.training['models'])} models (held out per model: {scores}) -> {path}")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 
 def rewrite_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:
@@ -33,3 +33,14 @@ def prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
     """``mod``'s TIR kernels by name."""
     return {gvar.name_hint: func for gvar, func in mod.functions.items()
             if isinstance(func, tvm.tirx.PrimFunc)}
+
+
+def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    """The dims of a tensor expression when all are known numbers, else None."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v) for v in values)

@@ -37,9 +37,9 @@ from edgec.compiler.importer.expand import expand_functions, value_types
 from edgec.compiler.importer.fold import fix_inputs, fold_constants
 from edgec.compiler.importer.recurrent import rewrite_recurrent
 from edgec.compiler.ir import extern_symbols
+from edgec.compiler.transform import library_offload
 from edgec.compiler.transform.fast_math import FastMath
 from edgec.compiler.transform.fp16 import FP16
-from edgec.compiler.transform.library_offload import dispatch_with_stats
 from edgec.compiler.transform.native_kernels import NativeKernels
 from edgec.compiler.transform.quantized import Int8Lowering, QuantizedLowering
 from edgec.compiler.transform.schedules import (ApplyTuningDatabase, CPUSchedules, KernelCount,
@@ -151,7 +151,8 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
             # every function the plan made (a specialization's static shapes may make a matmul
             # tiny).
             rules = replace(rules, dense_min_macs=0)
-        passes.append(LibraryOffload(rules, target.name))
+        passes += [library_offload.Canonicalize(), library_offload.Offload(rules),
+                   library_offload.PropagateLayout(rules)]
     if int8:
         if not backend.int8:
             raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's (x86) "
@@ -178,20 +179,6 @@ def phases(backend: Backend, target: Target, options: Options, record: Record) -
     result.append(Phase("lower", lowering.dataflow_lower_passes(tvm_target)
                         + lowering.finalize_passes(tvm_target)))
     return result
-
-
-def LibraryOffload(rules, target_name: str) -> tvm.transform.Pass:  # noqa: N802
-    """Library offload (``transform.library_offload``) with a one-line error naming the target."""
-
-    @tvm.transform.module_pass(opt_level=0, name="edgec.LibraryOffload")
-    def offload(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        try:
-            return dispatch_with_stats(mod, rules)[0]
-        except Exception as exc:  # TVM's own errors from rewriting and type inference
-            raise CompileError(f"library dispatch for '{target_name}' failed: "
-                               f"{describe(exc)}") from None
-
-    return offload
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ as an argument of an opaque call; the table is only read through run-time indice
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
@@ -173,11 +173,13 @@ class _Rewrite(relax.PyExprMutator):
 @dataclass(frozen=True)
 class QuantizedLowering:
     """What the compiler needs of a quantization decision (``edgec.stages.quantize``): the mode,
-    the scheme, and per layer name its ``precision`` and, for static layers, ``activation``."""
+    the scheme, per layer name its ``precision`` and, for static layers, ``activation``, and the
+    ONNX model whose weights the layers quantize."""
 
     mode: str
     scheme: str
     decisions: Mapping[str, Mapping[str, Any]]
+    proto: onnx.ModelProto | None = field(default=None, compare=False, repr=False)
 
     def layers(self, precision: str | None = None) -> list[str]:
         """The layers quantized (not fp32), or only those at ``precision``."""

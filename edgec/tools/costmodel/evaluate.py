@@ -44,6 +44,14 @@ def _best_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(best.values())
 
 
+def train(target: Target, rows: list[dict[str, Any]]):
+    """The cost model for ``target`` fitted on its measurement rows (``edgec costmodel train``):
+    the least time per region option over passes, and the build rows for size and time."""
+    regions = _best_rows([r for r in rows if r.get("kind") == "region" and r["target"] == target.name])
+    builds = [r for r in rows if r.get("kind") == "build" and r["target"] == target.name]
+    return fit(regions, builds, target.name), len(regions)
+
+
 def _additivity(rows, model, test, table) -> float | None:
     """Median over shapes of (sum of the measured region times) / (measured ``main`` time) of
     the all-options build collect timed: how well composing region times stands for the whole."""

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from edgec.compiler.ir import static_shape
 from edgec.core.model import attribute_text
 
 
@@ -299,7 +300,6 @@ class ConvTranspose:
             x, w = inputs[0], inputs[1]
             bias = inputs[2] if len(inputs) > 2 else None
             name = attrs.get("tvm_custom", {}).get("name", "ConvTranspose")
-            from edgec.compiler.transform.library_offload import static_shape
 
             x_shape, w_shape = static_shape(x), static_shape(w)
             if x_shape is None or w_shape is None:
@@ -475,7 +475,6 @@ class Resize:
     @staticmethod
     def _plan(inputs, attrs):
         """Per resized axis (axis, out_len, scale, roi), or None where TVM's converter is right."""
-        from edgec.compiler.transform.library_offload import static_shape
 
         x = inputs[0]
         shape = static_shape(x) if isinstance(x, relax.Expr) else None

@@ -14,7 +14,7 @@ import numpy as np
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.transform.library_offload import static_shape
+from edgec.compiler.ir import static_shape
 
 
 class Shape:

@@ -40,92 +40,28 @@ included) and leaving its input module unchanged:
    the TVM ops between them run in that layout too (see :func:`layout._block_layout`).
 
 ``analysis.py`` holds what the steps share: where each variable is bound and used, the rewriting
-of groups of bindings, and small IR helpers (:func:`static_shape`, :func:`constant_value`,
+of groups of bindings, and small IR helpers (:func:`constant_value`,
 :func:`weight_id`, which ``quantized.py`` and the importer use too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import tvm
 from tvm import relax
 
-FLAG_RELU = 1
-
-LIBRARIES = ("dnnl", "xnn")  # the shims: edgec/native/dnnl_shim.cc, edgec/native/xnnpack_shim.cc
-
-
-@dataclass(frozen=True)
-class DispatchRules:
-    """Which ops go to the library, and how activations are laid out between its calls.
-
-    ``library``: ``"dnnl"`` (oneDNN, x86) or ``"xnn"`` (XNNPACK, Arm): whose shim the calls name,
-    and the layout activations keep between them.
-    ``dense_min_weight``: a matmul with a constant [K, N] weight goes to oneDNN when K*N is at
-    least this. 0: on the 2-core machine of this project even the 64x64 matmuls of a small
-    transformer ran 4x faster in oneDNN than in TVM's untuned kernel.
-    ``dense_min_macs``: a matmul whose every dim is static and whose M*K*N is below this stays
-    a TVM kernel: a library call costs about a microsecond however small its work (primitive
-    lookup, memory objects), more than a tiny matmul takes. Measured on scan_rnn, whose Scan
-    body multiplies [1, 16] by [16, 32] and [1, 32] by [32, 32] each step: 122 -> 88 us a call.
-    Quantized builds set it to 0 (codegen): their int8 layers exist only as library calls.
-    ``block``: activations between library convolutions stay in oneDNN's blocked layout
-    NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
-    divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,
-    channel concat, spatial mean) do; 0 keeps every tensor NCHW.
-    With ``library="xnn"`` any nonzero ``block`` means NHWC ([N, 1, H, W, C], one block of all
-    channels): XNNPACK's operators take NHWC only, no blocked layouts.
-    Grouped convolutions stay grouped here: whether one runs ungrouped (zero weights between
-    groups) is the shim's decision on the machine that runs it (AVX2 machines lack a direct kernel
-    for groups that are not whole blocks; AVX-512 ones have one).
-    """
-
-    library: str = "dnnl"
-    conv2d: bool = True
-    dense: bool = True
-    dense_min_weight: int = 0
-    dense_min_macs: int = 4096
-    block: int = 16
-
-    def __post_init__(self) -> None:
-        if self.library not in LIBRARIES:
-            raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
-                             f"{', '.join(LIBRARIES)}")
-
-    def symbol(self, function: str) -> str:
-        """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``)."""
-        return f"edgec_{self.library}_{function}"
-
-    @property
-    def nhwc(self) -> bool:
-        """Whether activations between library calls are NHWC rather than blocked."""
-        return self.library == "xnn"
-
-
-@dataclass
-class DispatchStats:
-    """What one run of the pass sent to the library, per shim function."""
-
-    calls: dict[str, int] = field(default_factory=dict)
-
-    def add(self, name: str) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-
-
-# The steps import the names above from this package: they must be defined before these imports.
-from edgec.compiler.transform.library_offload.analysis import (  # noqa: E402
-    _rewrite_function, constant_value, static_shape, weight_id)
-from edgec.compiler.transform.library_offload.canonicalize import _canonical_groups  # noqa: E402
-from edgec.compiler.transform.library_offload.layout import _block_layout  # noqa: E402
-from edgec.compiler.transform.library_offload.match import _library_groups  # noqa: E402
+from edgec.compiler.transform.library_offload.analysis import (_rewrite_function, constant_value,
+                                                               weight_id)
+from edgec.compiler.transform.library_offload.canonicalize import _canonical_groups
+from edgec.compiler.transform.library_offload.layout import _block_layout
+from edgec.compiler.transform.library_offload.match import _library_groups
+from edgec.compiler.transform.library_offload.rules import (FLAG_RELU, LIBRARIES, DispatchRules,
+                                                            DispatchStats)
 
 __all__ = [
     "FLAG_RELU", "LIBRARIES", "DispatchRules", "DispatchStats", "Canonicalize", "Offload",
-    "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "static_shape",
-    "constant_value", "weight_id",
+    "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value", "weight_id",
 ]
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+from edgec.compiler.ir import static_shape
+
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
@@ -173,17 +175,6 @@ def _rewrite_function(func: relax.Function, find_groups, mod: tvm.IRModule) -> r
 
 # ---------------------------------------------------------------------------------------------
 # Small IR helpers.
-
-
-def static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
-    """The dims of a tensor expression when all are known numbers, else None."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = getattr(ty.shape, "values", None)
-    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
 
 
 def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:

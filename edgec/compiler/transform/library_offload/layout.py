@@ -7,7 +7,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from edgec.compiler.transform.library_offload import LIBRARIES, DispatchRules
+from edgec.compiler.transform.library_offload.rules import LIBRARIES, DispatchRules
 from edgec.compiler.transform.library_offload.analysis import (
     _Analysis, _is_call, _per_channel, _same_shape, constant_value)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from edgec.compiler.transform.library_offload import FLAG_RELU, DispatchRules, DispatchStats
+from edgec.compiler.transform.library_offload.rules import FLAG_RELU, DispatchRules, DispatchStats
 from edgec.compiler.transform.library_offload.analysis import (
     _ADD, _CONV2D, _DIVIDE, _MATMUL, _MULTIPLY, _RELU, _SUBTRACT, _Analysis, _Binding, _float32,
     _Group, _is_call, _per_channel, _same_shape, constant_value, static_shape, weight_id)
