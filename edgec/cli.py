@@ -322,6 +322,8 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
                 if held_out_path is not None and quantize_mode != "none" else None)
     result = compile_model(loaded, samples, target_list, settings, held_out=held_out)
     _note_reference_error(result.profile)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     if save_stages is not None:
         result.profile.save(save_stages / "profile.json")
         result.plan.save(save_stages / "plan.json")

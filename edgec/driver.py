@@ -27,7 +27,7 @@ from edgec.core.model import Model
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target, default_target
-from edgec.errors import CompileError, EdgecError
+from edgec.errors import CompileError, EdgecError, ModelError
 from edgec.runtime.artifact import Artifact
 from edgec.stages.bench import BenchResult, BenchSettings, bench, record_measurements
 from edgec.stages.build import build
@@ -47,6 +47,11 @@ class CompileSettings:
     plan: PlanSettings = field(default_factory=PlanSettings)
     quantize: QuantizeSettings = field(default_factory=QuantizeSettings)
     dump_ir: str | Path | None = None  # write the module after each compiler phase here
+    # A plan whose specializations (shape or value) do not build falls back to the symbolic
+    # program, said in ``Compiled.notes`` and the manifest. EDGEC_NO_FALLBACK=1 makes it an
+    # error instead: the test suite runs so, so that compiler bugs do not hide behind it.
+    fallback: bool = field(default_factory=lambda: os.environ.get("EDGEC_NO_FALLBACK", "")
+                           in ("", "0"))
 
     def check(self) -> None:
         self.plan.check()
@@ -62,6 +67,7 @@ class Compiled:
     quantization: Quantization
     artifact: Artifact
     targets_chosen: str = "given"
+    notes: tuple[str, ...] = ()  # what the user should know: a fallback taken, and why
 
 
 def default_targets() -> tuple[list[Target], str]:
@@ -95,12 +101,49 @@ def compile(model: Model, samples: Sequence[Sample], targets: Sequence[Target] |
             profiling, guard = held_out_split(profiling)
     prof, the_plan = profile_and_plan(model, profiling, targets[0], settings.plan, samples)
     quant = quantize(model, prof, targets[0], settings.quantize, guard)
+    try:
+        artifact, quant = _build(model, the_plan, targets, quant, guard, chosen, settings)
+        return Compiled(prof, the_plan, quant, artifact, chosen)
+    except (CompileError, ModelError) as exc:
+        simpler = _simpler_plans(model, prof, the_plan, targets[0]) if settings.fallback else []
+        if not simpler:
+            raise
+        failure = exc
+    for simple in simpler:
+        try:
+            artifact, quant = _build(model, simple, targets, quant, guard, chosen, settings)
+        except (CompileError, ModelError):
+            continue
+        unfixed = (" without fixed inputs" if the_plan.constant_inputs and not simple.constant_inputs
+                   else "")
+        note = (f"the {the_plan.settings.policy} plan did not build ({failure}); built the "
+                f"{simple.settings.policy} plan{unfixed} instead")
+        manifest = {**artifact.manifest,
+                    "fallback": {"from": the_plan.summary(), "reason": str(failure)}}
+        return Compiled(prof, simple, quant, Artifact(manifest, artifact.files), chosen, (note,))
+    raise failure
+
+
+def _build(model: Model, the_plan: Plan, targets: list[Target], quant: Quantization,
+           guard: Sequence[Sample], chosen: str,
+           settings: CompileSettings) -> tuple[Artifact, Quantization]:
     if quant.active:
-        artifact, quant = build_guarded(model, the_plan, targets, quant, guard, chosen,
-                                        dump_ir=settings.dump_ir)
-    else:
-        artifact = build(model, the_plan, targets, targets_chosen=chosen, dump_ir=settings.dump_ir)
-    return Compiled(prof, the_plan, quant, artifact, chosen)
+        return build_guarded(model, the_plan, targets, quant, guard, chosen,
+                             dump_ir=settings.dump_ir)
+    return build(model, the_plan, targets, targets_chosen=chosen, dump_ir=settings.dump_ir), quant
+
+
+def _simpler_plans(model: Model, prof: Profile, the_plan: Plan, target: Target) -> list[Plan]:
+    """Plans that build more often than ``the_plan``, simplest last: every region symbolic, then
+    also no input compiled as a fixed value. Empty when ``the_plan`` is already that simple."""
+    symbolic = plan(model, prof, target, replace(the_plan.settings, policy="symbolic"))
+    plans = []
+    specialized = any(r.specializations for r in the_plan.regions)
+    if specialized:
+        plans.append(symbolic)
+    if symbolic.constant_inputs:
+        plans.append(replace(symbolic, constant_inputs={}))
+    return plans
 
 
 def profile_and_plan(model: Model, samples: Sequence[Sample], target: Target,

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+
+# A plan that does not build is a bug the tests must see, not hide behind the driver's fallback
+# to a simpler plan (set here so that the CLI's subprocesses inherit it).
+os.environ.setdefault("EDGEC_NO_FALLBACK", "1")
 
 
 def mlp_model(seed: int = 0) -> onnx.ModelProto:

@@ -1,7 +1,10 @@
+import pytest
+from onnx import TensorProto, helper
 from tvm import relax
 
 from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
+from edgec.errors import ModelError
 from edgec.zoo import get
 from test_profile import if_model
 
@@ -39,3 +42,18 @@ def test_import_names_unsupported_ops():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelError, match="cannot import: STFT"):
         import_model(from_proto(model))
+
+
+def test_an_import_failure_names_the_node_its_op_opset_and_input_types():
+    graph = helper.make_graph(
+        [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="pick_top")], "topk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", None]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, ["n", None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ModelError) as error:
+        import_model(from_proto(model, "topk"))
+    message = str(error.value)
+    assert "node 'pick_top' (TopK, opset 17, inputs float32[n, 8], int64[1])" in message
+    assert "\n" not in message

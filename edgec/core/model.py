@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from edgec.core.dims import unify_dims
 from edgec.errors import InputFileError, ModelError
 from edgec.runtime.signature import Dim, TensorSpec
 
@@ -98,12 +99,25 @@ def _normalize(proto: onnx.ModelProto) -> onnx.ModelProto:
     if len(real_inputs) != len(graph.input):
         del graph.input[:]
         graph.input.extend(real_inputs)
-    for index, value in enumerate(list(graph.input) + list(graph.output)):
+    taken = {dim.dim_param for value in list(graph.input) + list(graph.output)
+             if value.type.HasField("tensor_type")
+             for dim in value.type.tensor_type.shape.dim if dim.dim_param}
+    for value in list(graph.input) + list(graph.output):
         if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
             continue
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
-            if not dim.HasField("dim_value") and not dim.dim_param:
-                dim.dim_param = f"{_identifier(value.name)}_dim{axis}"
+            if _unknown_dim(dim):
+                # Its own symbolic dim: "?" or a negative size (paddle2onnx's -1) says "any
+                # size", not "the same size as every other unknown dim".
+                name = f"{_identifier(value.name)}_dim{axis}"
+                while name in taken:
+                    name += "_"
+                taken.add(name)
+                dim.Clear()
+                dim.dim_param = name
+            elif dim.dim_param and not dim.dim_param.isidentifier():
+                dim.dim_param = _identifier(dim.dim_param)
+    unify_dims(proto)
     used: set[str] = set()
 
     def name_nodes(g: onnx.GraphProto, prefix: str) -> None:
@@ -118,6 +132,17 @@ def _normalize(proto: onnx.ModelProto) -> onnx.ModelProto:
 
     name_nodes(graph, "")
     return proto
+
+
+# dim_param values exporters write for "unknown" rather than as a name shared between dims.
+_UNKNOWN_DIM_NAMES = {"", "?", "-1", "None", "none", "unk", "unknown"}
+
+
+def _unknown_dim(dim: onnx.TensorShapeProto.Dimension) -> bool:
+    """A dim with no size and no real name: unset, a negative size, or a placeholder name."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value < 0
+    return dim.dim_param.strip() in _UNKNOWN_DIM_NAMES
 
 
 def _identifier(name: str) -> str:

@@ -8,6 +8,8 @@ runs them and then ``convert``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
 from typing import Any, Mapping
 
@@ -17,7 +19,7 @@ from tvm import relax
 
 from edgec.compiler.importer.converter_table import BUILT_IN
 from edgec.compiler.importer.converters.control_flow import LAZY_IF
-from edgec.compiler.importer.converters.subgraph import import_graph
+from edgec.compiler.importer.converters.subgraph import NodeError, import_graph
 from edgec.core.model import all_nodes
 from edgec.errors import ModelError, describe
 
@@ -39,9 +41,13 @@ def convert(name: str, proto: onnx.ModelProto, converters: Mapping[str, Any]) ->
         raise ModelError(f"model '{name}' uses operator(s) the compiler cannot import: "
                          f"{', '.join(sorted(unsupported))}")
     try:
-        with warnings.catch_warnings():
+        # TVM's importer prints each failing node's inputs as IR: the error below names it.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             mod = import_graph(_with_lazy_ifs(proto), converters)
+    except NodeError as exc:
+        raise ModelError(f"model '{name}' failed to import at "
+                         f"{exc.describe(describe(exc.cause))}") from None
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
         raise ModelError(f"model '{name}' failed to import: {describe(exc)}") from None
     # The importer emits no dataflow block when shape logic or an If sits at the top level, and

@@ -297,6 +297,35 @@ def commit_module(bb: relax.BlockBuilder, module: tvm.IRModule, skip: str | None
             bb.update_func(gv, func)
 
 
+class NodeError(Exception):
+    """A converter's failure, with the node it failed on: name, op, opset and input types."""
+
+    def __init__(self, op_type: str, name: str, opset: int, inputs: list, cause: Exception):
+        super().__init__(str(cause))
+        self.op_type, self.name, self.opset, self.cause = op_type, name, opset, cause
+        self.inputs = [describe_value(value) for value in inputs]
+
+    def describe(self, reason: str) -> str:
+        return (f"node '{self.name}' ({self.op_type}, opset {self.opset}, inputs "
+                f"{', '.join(self.inputs) or 'none'}): {reason}")
+
+
+def describe_value(value) -> str:
+    """A converter input as a user reads it: ``float32[1, 3, h, w]``, a shape, a constant."""
+    if value is None:
+        return "-"
+    ty = getattr(value, "ty", None)
+    dim = lambda d: str(int(d)) if isinstance(d, tirx.IntImm) else str(d)  # noqa: E731
+    if isinstance(ty, relax.TensorType):
+        dims = "?" if ty.shape is None else ", ".join(dim(d) for d in ty.shape.values)
+        kind = "constant " if isinstance(value, tvm.ir.GenericConst) else ""
+        return f"{kind}{ty.dtype}[{dims}]"
+    if isinstance(ty, relax.ShapeType):
+        values = getattr(value, "values", None)
+        return f"shape({', '.join(dim(d) for d in values)})" if values is not None else "shape"
+    return type(value).__name__
+
+
 class GraphImporter(onnx_frontend.ONNXGraphImporter):
     """TVM's ONNX importer with its converters taken from an explicit table (op type to a
     converter: a class or object with ``get_converter(opset)``) instead of TVM's module-level
@@ -309,9 +338,15 @@ class GraphImporter(onnx_frontend.ONNXGraphImporter):
     def _convert_operator(self, op_name: str, inputs: list, attrs: dict, opset: int):
         if op_name not in self.converters:
             raise NotImplementedError(f"Operator {op_name} not implemented.")
-        converter = self.converters[op_name].get_converter(opset)
-        sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
-        return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+        try:
+            converter = self.converters[op_name].get_converter(opset)
+            sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
+            return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+        except NodeError:
+            raise
+        except Exception as exc:  # the converters raise many types; each names this node now
+            raise NodeError(op_name, attrs.get("tvm_custom", {}).get("name", ""), opset,
+                            inputs, exc) from exc
 
     def _check_for_unsupported_ops(self, graph: onnx.GraphProto) -> None:
         unsupported = {node.op_type for node in graph.node
