@@ -3,7 +3,7 @@ from tvm import relax
 from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.zoo import get
-from test_profile import if_model
+from stages.test_profile import if_model
 
 
 def _ifs(func: relax.Function) -> list[relax.If]:
