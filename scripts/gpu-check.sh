@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: say which GPU and driver, then run tests/test_gpu.py, which
+# On a machine with an NVIDIA GPU: say which GPU and driver, then run tests/compiler/backends/test_gpu.py, which
 # builds zoo models (cnn, early_exit) for this GPU's CUDA target and the CPU, checks that the GPU
 # gives the CPU's outputs, and prints p50 latency per call for both (GPU/CPU ratio).
 # Needs the project's Python environment (PYTHON, default .venv/bin/python, else python3) and
@@ -14,4 +14,4 @@ else
     echo "gpu-check: nvidia-smi not found"
 fi
 echo "gpu-check: python $python, nvcc $(command -v nvcc || echo 'not on PATH')"
-exec "$python" -m pytest -q -rs -s -p no:cacheprovider tests/test_gpu.py
+exec "$python" -m pytest -q -rs -s -p no:cacheprovider tests/compiler/backends/test_gpu.py

@@ -23,7 +23,7 @@ partial output. One test per row; rows already covered elsewhere are referenced,
 | malformed manifest (inputs/outputs/model)       | test_malformed_manifest_fields                  |                                     |
 | unsigned / wrong-key / tampered signed artifact | test_signing                                    | test_signing::test_cli_...          |
 | missing cross compiler                          |                                                 | test_missing_cross_compiler         |
-| missing qemu                                    | edgec itself never starts an emulator: only tests/test_qemu_arm.py does, and it skips naming the tool |
+| missing qemu                                    | edgec itself never starts an emulator: only tests/runtime/test_qemu_arm.py does, and it skips naming the tool |
 | target file with a typo                         | test_targets::test_typo_in_target_file_is_named | test_target_file_with_a_typo        |
 | compile killed midway (SIGKILL)                 |                                                 | test_killed_midway                  |
 | bench killed midway (SIGKILL)                   |                                                 | test_killed_midway                  |

@@ -6,7 +6,7 @@ boundary): each against ONNX's reference evaluator over several attribute combin
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_converters_ops import _model, _reference
+from compiler.importer.test_converters_ops import _model, _reference
 
 from edgec.tools import conformance
 from edgec.compiler.pipeline import import_model

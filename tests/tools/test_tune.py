@@ -28,7 +28,7 @@ from edgec.stages.profile import profile
 from edgec.core.samples import Sample
 from edgec.core.targets import load_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TARGET = "x86_64"
 
 

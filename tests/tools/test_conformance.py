@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from edgec.tools import conformance
 from edgec.errors import ModelError
 
-FLOOR_FILE = Path(__file__).resolve().parent.parent / "reports" / "conformance" / "ci_floor.json"
+FLOOR_FILE = Path(__file__).resolve().parents[2] / "reports" / "conformance" / "ci_floor.json"
 
 
 def test_run_compiles_and_returns_outputs_in_graph_order():

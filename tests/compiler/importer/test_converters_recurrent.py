@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
-from test_converters_control_flow import _outputs, model, vi
+from compiler.importer.test_converters_control_flow import _outputs, model, vi
 from tvm import relax
 
 from edgec import runtime

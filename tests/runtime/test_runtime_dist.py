@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from edgec import runtime
-from test_cpp_host import CPP_DIR, missing_tools, zoo_artifact
+from runtime.test_cpp_host import CPP_DIR, missing_tools, zoo_artifact
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # Runs inside the fresh venv: load, run, time; prints one JSON line.

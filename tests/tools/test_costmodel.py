@@ -207,8 +207,8 @@ def test_the_committed_x86_models_load_and_plan(name):
 def test_bench_records_each_regions_measured_and_predicted_time(tmp_path):
     from edgec.stages.bench import BenchSettings, bench, record_measurements
     from edgec.stages.build import build
-    from test_dispatch import nonzero_model
-    from test_plan import _table
+    from compiler.transform.test_shape_dispatch import nonzero_model
+    from stages.test_plan import _table
 
     model = from_proto(nonzero_model(), "nonzero")
     rng = np.random.default_rng(0)

@@ -27,7 +27,7 @@ from edgec.compiler.transform.library_offload import DispatchRules
 from edgec.errors import ToolchainError
 from edgec.runtime.artifact import Artifact
 from edgec.core.targets import load_target
-from test_cpp_host import (build_artifact, build_host, missing_tools, run_host,
+from runtime.test_cpp_host import (build_artifact, build_host, missing_tools, run_host,
                            topk_model, topk_samples, zoo_artifact)
 
 ARM = load_target("arm64-cortex-a72")
@@ -180,7 +180,7 @@ def test_xnnpack_conv_patterns_match_onnxruntime_under_qemu(arm_host, tmp_path, 
     """Every pattern of the dispatch (BN folded, residual add + relu, grouped, depthwise strided,
     channel shuffle, a 40-channel concat, Gemm) in XNNPACK, at the profiled batch and through the
     symbolic fallback; NHWC between library calls, or NCHW transposed inside the shim."""
-    from test_library_dispatch import cnn_model
+    from compiler.transform.test_library_offload_build import cnn_model
 
     if layout == "nchw":
         monkeypatch.setattr(codegen, "xnnpack_rules",
@@ -204,7 +204,7 @@ def test_int8_weight_on_xnnpack_keeps_weights_int8_and_its_accuracy_under_qemu(a
     accuracy guard measures the artifact under qemu; its outputs are fp32's within int8's
     rounding. The integer modes are refused with a one-line error: XNNPACK's int8 here has no
     per-channel scales."""
-    from test_library_dispatch import cnn_model
+    from compiler.transform.test_library_offload_build import cnn_model
     import onnx
 
     proto = cnn_model()
@@ -289,7 +289,7 @@ def test_xnnpack_shim_copies_inputs_that_end_at_an_unreadable_page(tmp_path):
     shim = native.xnnpack_shim(ARM.cross_compiler)
     ffi_dir = aarch64_runtime_libraries()[1]
     program = tmp_path / "xnnpack_slack"
-    source = Path(__file__).resolve().parent / "native" / "xnnpack_slack.cc"
+    source = Path(__file__).resolve().parents[1] / "native" / "xnnpack_slack.cc"
     include = tvm_ffi.libinfo.find_include_path()
     subprocess.run([ARM.cross_compiler, "-std=c++17", "-O1", f"-I{include}",
                     str(source), *shim.objects, f"-L{ffi_dir}", f"-Wl,-rpath,{ffi_dir}",

@@ -205,7 +205,7 @@ def test_two_outputs_and_a_runtime_extra_kernel(host, tmp_path):
 def test_recurrent_layer_runs_its_native_loop(host, tmp_path):
     """A bidirectional LSTM: the library's edgec_recurrent kernel, bound by the host as by the
     Python runtime."""
-    from test_converters_recurrent import feed, recurrent
+    from compiler.importer.test_converters_recurrent import feed, recurrent
 
     proto, arrays = recurrent("LSTM", directions=2, initial=True, peepholes=True)
     samples = [feed(proto, arrays, seq, 2, seed=seq) for seq in (3, 6)]

@@ -57,7 +57,7 @@ from edgec.costmodel import learn  # noqa: E402
 from edgec.costmodel.features import FEATURE_NAMES  # noqa: E402
 from edgec.costmodel.model import CostModel  # noqa: E402
 from edgec.core.regions import cut_regions, region_dims  # noqa: E402
-from test_dispatch import nonzero_model  # noqa: E402
+from compiler.transform.test_shape_dispatch import nonzero_model  # noqa: E402
 
 NONZERO = from_proto(nonzero_model(), "nonzero")
 NZ_SHAPES = [2] * 6 + [3] * 3 + [5]

@@ -6,7 +6,7 @@ from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.errors import ModelError
 from edgec.zoo import get
-from test_profile import if_model
+from stages.test_profile import if_model
 
 
 def _ifs(func: relax.Function) -> list[relax.If]:

@@ -22,7 +22,7 @@ from edgec.compiler.backends import cuda as codegen_cuda
 from edgec.errors import CompileError, ToolchainError
 from edgec.runtime.artifact import Artifact
 from edgec.core.targets import load_target
-from test_cpp_host import zoo_artifact
+from runtime.test_cpp_host import zoo_artifact
 
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
@@ -96,7 +96,7 @@ def test_cuda_library_holds_device_code(tmp_path, name, targets):
                                     size)
             assert module == {"kind": "relax.VMExecutable", "modules": 1, "fmt": "fatbin",
                               "code_head": FATBIN_MAGIC.hex()}
-            if isinstance(runtime._cuda_capability(), str):  # tests/test_gpu.py runs it on a GPU
+            if isinstance(runtime._cuda_capability(), str):  # tests/compiler/backends/test_gpu.py runs it on a GPU
                 with pytest.raises(ToolchainError, match="runs on an NVIDIA GPU, but"):
                     runtime.load(path, target=target_name)
     assert runtime.load(path).device == "cpu"  # the host's CPU library unless told otherwise

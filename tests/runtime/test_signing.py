@@ -22,7 +22,7 @@ from edgec.runtime.artifact import SIGNATURE_NAME, Artifact
 from edgec.signing import (fingerprint, generate_keypair, load_private_key, load_public_key,
                            sign_artifact, verify_artifact)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 X = {"x": np.ones((1, 8, 16), np.float32)}
 
 
@@ -192,7 +192,7 @@ def test_compile_sign_then_run_require_signature(mlp_dir, keys, tmp_path):
 
 def test_cpp_host_runs_signed_artifacts(signed, tmp_path):
     """The C++ host does not verify signatures, but must not refuse a signed artifact."""
-    from test_cpp_host import build_host, missing_tools, run_host
+    from runtime.test_cpp_host import build_host, missing_tools, run_host
 
     if missing_tools("g++", "make"):
         pytest.skip("needs g++ and make")

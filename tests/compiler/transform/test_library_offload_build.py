@@ -442,7 +442,7 @@ def test_grouped_conv_runs_ungrouped_where_onednn_has_no_direct_kernel(monkeypat
               "m = r.load(sys.argv[1]); "
               "np.save(sys.argv[3], m.run({'x': np.load(sys.argv[2])})['y'])")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ONEDNN_VERBOSE": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cnn.edgec"),
                              str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
                             env=env, capture_output=True, text=True, timeout=300)

@@ -15,7 +15,7 @@ import pytest
 from edgec import runtime
 from edgec.errors import ToolchainError
 from edgec.core.targets import list_targets
-from test_cpp_host import zoo_artifact
+from runtime.test_cpp_host import zoo_artifact
 
 # float32 kernels on the GPU (other reduction orders, fast intrinsics) vs LLVM's on the CPU.
 TOLERANCE = 1e-4

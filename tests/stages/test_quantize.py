@@ -288,7 +288,7 @@ def test_batch_norm_folded_and_residual_convolutions_are_quantized_too(mode, tmp
     into it: the quantized program holds the folded weight's int8 form and calls the _add form,
     so no layer of a BN/ResNet-style CNN is left fp32; the compiled outputs agree with the
     simulation (which quantizes the unfolded weight: the same per channel, up to rounding)."""
-    from test_library_dispatch import cnn_model
+    from compiler.transform.test_library_offload_build import cnn_model
 
     proto = cnn_model()
     rng = np.random.default_rng(3)
@@ -573,7 +573,7 @@ def test_layers_without_an_int8_form_are_reported_fp32(monkeypatch):
 
 def test_cpp_host_runs_an_int8_artifact_like_the_python_runtime(tmp_path):
     """The int8 kernels are linked into the library, so the C++ host needs nothing more."""
-    from test_cpp_host import build_host, missing_tools, run_host
+    from runtime.test_cpp_host import build_host, missing_tools, run_host
 
     if missing_tools("g++", "make"):
         pytest.skip("needs g++ and make")
