@@ -216,6 +216,15 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
         yield from attr.graphs
 
 
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every graph inside it (If branches, Loop/Scan bodies) at any depth, each
+    after the graphs it holds, so that a rewrite of a graph sees its subgraphs rewritten."""
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from all_graphs(sub)
+    yield graph
+
+
 def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     """Every node of ``graph`` and of its subgraphs, depth first, each before its subgraphs."""
     for node in graph.node:

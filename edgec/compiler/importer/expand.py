@@ -16,6 +16,8 @@ from typing import Callable
 import onnx
 from onnx import AttributeProto, FunctionProto, NodeProto, TypeProto
 
+from edgec.core.model import all_graphs, all_nodes
+
 # TVM's "Attention" converter implements com.microsoft's Attention (num_heads, packed QKV), not
 # ONNX's opset-23 Attention, and its RMSNormalization fails to compile when normalizing over
 # every axis; the ONNX ops' function bodies are used instead.
@@ -32,9 +34,9 @@ def _prefer_body(node: NodeProto) -> bool:
 
 def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool],
                      max_rounds: int = 4) -> onnx.ModelProto:
-    """A copy of ``proto`` where every top-level node of an op without converter (or in
-    ``ALWAYS_EXPAND``) whose ONNX schema has a function body is replaced by that body.
-    ``proto`` itself is returned when nothing expands."""
+    """A copy of ``proto`` where every node, in the graph and in its subgraphs at any depth, of
+    an op without converter (or in ``ALWAYS_EXPAND``) whose ONNX schema has a function body is
+    replaced by that body. ``proto`` itself is returned when nothing expands."""
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
 
     def wanted(node: NodeProto) -> bool:
@@ -45,23 +47,24 @@ def expand_functions(proto: onnx.ModelProto, has_converter: Callable[[str], bool
         schema = _schema(node.op_type, opset)
         return schema is not None and (schema.has_function or schema.has_context_dependent_function)
 
-    if not any(wanted(node) for node in proto.graph.node):
+    if not any(wanted(node) for node in all_nodes(proto.graph)):
         return proto
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     for _ in range(max_rounds):
-        targets = [node for node in proto.graph.node if wanted(node)]
-        if not targets:
+        if not any(wanted(node) for node in all_nodes(proto.graph)):
             break
         types = value_types(proto)
-        nodes: list[NodeProto] = []
-        for node in proto.graph.node:
-            body = _expand(node, opset, types) if wanted(node) else None
-            nodes.extend(body if body is not None else [node])
-        if len(nodes) == len(proto.graph.node) and all(
-                a is b for a, b in zip(nodes, proto.graph.node)):
+        changed = False
+        for graph in all_graphs(proto.graph):
+            nodes: list[NodeProto] = []
+            for node in graph.node:
+                body = _expand(node, opset, types) if wanted(node) else None
+                nodes.extend(body if body is not None else [node])
+                changed |= body is not None
+            del graph.node[:]
+            graph.node.extend(nodes)
+        if not changed:
             break
-        del proto.graph.node[:]
-        proto.graph.node.extend(nodes)
     return proto
 
 
@@ -80,10 +83,12 @@ def value_types(proto: onnx.ModelProto) -> dict[str, TypeProto]:
             inferred = onnx.shape_inference.infer_shapes(proto)
     except Exception:  # best effort: ops whose body needs a missing type stay as they are
         inferred = proto
-    graph = inferred.graph
-    types = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
-    for init in graph.initializer:
-        types[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+    types: dict[str, TypeProto] = {}
+    for graph in all_graphs(inferred.graph):  # subgraphs' values too: their names are unique
+        types.update({v.name: v.type
+                      for v in list(graph.input) + list(graph.value_info) + list(graph.output)})
+        for init in graph.initializer:
+            types[init.name] = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
     return types
 
 

@@ -23,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgec.compiler.importer.converters.subgraph import shaped
-from edgec.core.model import attribute_text
+from edgec.core.model import all_graphs, all_nodes, attribute_text
 from edgec.errors import ModelError
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
@@ -47,26 +47,29 @@ _PLAIN = {"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid", "softsign": "Sof
 def rewrite_recurrent(proto: onnx.ModelProto, model_name: str,
                       type_of: Callable[[str], onnx.TypeProto | None],
                       native: bool = True) -> onnx.ModelProto:
-    """A copy of ``proto`` with every top-level LSTM, GRU and RNN node replaced by a Scan, or,
-    with ``native`` (CPU targets) where the layer allows, by edgec's native loop
-    (``proto`` itself when it has none). ``type_of(name)`` gives a value's type as shape
-    inference sees it, None when unknown. Raises ModelError for what the rewrite cannot express."""
-    if not any(_is_recurrent(node) for node in proto.graph.node):
+    """A copy of ``proto`` with every LSTM, GRU and RNN node, in the graph and in its subgraphs
+    at any depth, replaced by a Scan, or, with ``native`` (CPU targets) where the layer allows,
+    by edgec's native loop (``proto`` itself when it has none). ``type_of(name)`` gives a value's
+    type as shape inference sees it, None when unknown. Raises ModelError for what the rewrite
+    cannot express."""
+    if not any(_is_recurrent(node) for node in all_nodes(proto.graph)):
         return proto
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
-    nodes: list[onnx.NodeProto] = []
-    for index, node in enumerate(proto.graph.node):
-        if not _is_recurrent(node):
-            nodes.append(node)
-            continue
-        where = f"model '{model_name}': {node.op_type} node '{node.name or index}'"
-        builder = _Builder(f"{node.name or node.op_type + str(index)}__{node.op_type}", opset,
-                           _elem_type(type_of(node.input[0])), proto.graph.initializer)
-        _Recurrent(node, builder, where, native).emit()
-        nodes.extend(builder.nodes)
-    del proto.graph.node[:]
-    proto.graph.node.extend(nodes)
+    for graph in all_graphs(proto.graph):
+        nodes: list[onnx.NodeProto] = []
+        for index, node in enumerate(graph.node):
+            if not _is_recurrent(node):
+                nodes.append(node)
+                continue
+            where = f"model '{model_name}': {node.op_type} node '{node.name or index}'"
+            # New weights go into the graph that uses them: a subgraph's own initializers.
+            builder = _Builder(f"{node.name or node.op_type + str(index)}__{node.op_type}", opset,
+                               _elem_type(type_of(node.input[0])), graph.initializer)
+            _Recurrent(node, builder, where, native).emit()
+            nodes.extend(builder.nodes)
+        del graph.node[:]
+        graph.node.extend(nodes)
     return proto
 
 

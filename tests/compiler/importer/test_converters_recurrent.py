@@ -280,3 +280,41 @@ def test_cost_model_features_price_a_native_loop_apart_from_a_scan():
     # On a GPU they run as a Scan: a loop of 10 trips.
     assert scan["log_recurrent_flops"] == 0
     assert 10 ** scan["log_trips"] - 1 == pytest.approx(10) and scan["control_flow"] == 1
+
+
+def test_a_recurrent_layer_inside_nested_ifs_is_rewritten_too(tmp_path):
+    """Every rewrite reaches subgraphs at any depth: an LSTM in an If in an If imports."""
+    import edgec
+    from edgec.core.reference import reference_session
+    from edgec.core.samples import Sample
+
+    rng = np.random.default_rng(3)
+    hidden, width = 8, 4
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, width)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal((1, 4 * hidden, hidden)).astype(np.float32), "R"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    out = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, ["s", 1, hidden])  # noqa: E731
+    lstm = helper.make_graph([helper.make_node("LSTM", ["x", "W", "R"], ["y4"], hidden_size=hidden),
+                              helper.make_node("Squeeze", ["y4", "one"], ["t2"])], "t2", [], [out("t2")])
+    zero = helper.make_graph([helper.make_node("Mul", ["x8", "x8"], ["e2"])], "e2", [], [out("e2")])
+    inner = helper.make_node("If", ["c2"], ["inner"], then_branch=lstm, else_branch=zero)
+    then1 = helper.make_graph([inner, helper.make_node("Identity", ["inner"], ["t1"])], "t1", [], [out("t1")])
+    else1 = helper.make_graph([helper.make_node("Neg", ["x8"], ["e1"])], "e1", [], [out("e1")])
+    graph = helper.make_graph(
+        [helper.make_node("Tile", ["x", "tiles"], ["x8"]),
+         helper.make_node("If", ["c1"], ["y"], then_branch=then1, else_branch=else1)], "nested",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", 1, width]),
+         helper.make_tensor_value_info("c1", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("c2", TensorProto.BOOL, [])], [out("y")],
+        inits + [numpy_helper.from_array(np.array([1, 1, 2], np.int64), "tiles")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((n, 1, width)).astype(np.float32),
+                                "c1": np.array(True), "c2": np.array(True)})
+               for i, n in enumerate([5, 3])]
+    compiled = edgec.compile(from_proto(proto, "nested"), samples)
+    loaded = runtime.load(compiled.artifact.save(tmp_path / "nested.edgec"))
+    reference = reference_session(proto)
+    for sample in samples:
+        np.testing.assert_allclose(loaded.run(sample.arrays)["y"], reference.run(sample.arrays)["y"],
+                                   rtol=1e-4, atol=1e-5)
