@@ -97,7 +97,11 @@ def first_error_line(text: str) -> str:
     exception line, else the last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     for line in lines:
-        if line.lower().startswith("error"):
+        if line.startswith("edgec: error:"):
+            return line
+    lines = [line for line in lines if "Warning:" not in line]
+    for line in lines:
+        if line.lower().startswith("error:"):
             return line
     for line in reversed(lines):
         if not line.startswith(("File ", "^", "~")) and ":" in line and not line.startswith(" "):
