@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-build", action="store_true")
     parser.add_argument("--reports", type=Path, default=REPO / "reports")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--merge", action="store_true",
+                        help="With --only: keep the other models' rows of the existing report.")
     args = parser.parse_args(argv)
 
     entries = suite()
@@ -291,7 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.build_only:
         return 0
     start = time.time()
-    rows = []
+    rows: list[dict] = []
+    kept: list[dict] = []
+    previous = args.reports / "real_models.json"
+    if wanted and args.merge and previous.is_file():
+        # --only/--small with --merge: the other models' rows of the last report stay
+        kept = [r for r in json.loads(previous.read_text())["models"] if r["name"] not in wanted]
+    order = {e["name"]: k for k, e in enumerate(suite())}
+
+    def merged() -> list[dict]:
+        return sorted(kept + rows, key=lambda r: order.get(r["name"], len(order)))
+
     for entry in entries:
         row = run_one(entry, args.cache, args.timeout, args.runs)
         rows.append(row)
@@ -300,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{_fmt(row['max_rel_error'], '.2e')}, ratio {_fmt(row['ratio_p50'], '.3f')}"
               + (f" -- {row['error']}" if row["error"] else ""), flush=True)
         # the report is rewritten after each model, so an interrupted run leaves a partial one
-        write_reports(rows, args.reports, {"build_s": round(build_s, 1),
-                                           "run_s": round(time.time() - start, 1)})
-    report = write_reports(rows, args.reports, {"build_s": round(build_s, 1),
+        write_reports(merged(), args.reports, {"build_s": round(build_s, 1),
+                                               "run_s": round(time.time() - start, 1)})
+    report = write_reports(merged(), args.reports, {"build_s": round(build_s, 1),
                                                 "run_s": round(time.time() - start, 1)})
     print(f"{report['compiled']}/{report['total']} compiled, {report['matched']} matched; "
           f"wrote {args.reports / 'real_models.json'}")
