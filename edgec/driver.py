@@ -77,7 +77,8 @@ def default_targets() -> tuple[list[Target], str]:
                       f"machine has")
 
 
-def compile(model: Model, samples: Sequence[Sample], targets: Sequence[Target] | None = None,  # noqa: A001
+def compile(model: Model, samples: Sequence[Sample],  # noqa: A001 - edgec.compile, by design
+            targets: Sequence[Target] | None = None,
             settings: CompileSettings = CompileSettings(),
             held_out: Sequence[Sample] | None = None) -> Compiled:
     """Profile ``model`` on ``samples``, plan for the first target, quantize as ``settings`` say
