@@ -15,6 +15,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from edgec.compiler.importer.converters import ops, shapes
 from edgec.compiler.importer.converters.control_flow import LAZY_IF, LazyIf, Loop, Scan
+from edgec.compiler.importer.converters.slicing import Slice, checked_squeeze
 from edgec.compiler.importer.recurrent import RECURRENT_KERNEL, RecurrentLoop
 
 # edgec's converters that depend on nothing but the opset.
@@ -37,6 +38,8 @@ CONVERTERS: dict[str, type] = {
     "QLinearConv": ops.QLinearConv,
     "ConvInteger": ops.ConvInteger,
     RECURRENT_KERNEL: RecurrentLoop,
+    "Slice": Slice,
+    "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
 }
 # Op types the importer handles itself, without a converter.
 BUILT_IN = ("If", "Constant")

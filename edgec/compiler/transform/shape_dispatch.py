@@ -14,6 +14,8 @@ from typing import Mapping
 import tvm
 from tvm import relax, tirx
 
+from edgec.compiler.transform.static_kernels import specialize_kernels
+
 
 def symbolic_vars(func: relax.Function) -> dict[str, tirx.Var]:
     """The symbolic dims defined by a function's tensor parameters, by name."""
@@ -89,7 +91,10 @@ def add_shape_dispatch(mod: tvm.IRModule, specializations: list[Mapping[str, int
         with builder.function(name, list(main.params), attrs=dict(attrs)):
             output = builder.emit(body)
             builder.emit_func_output(output)
-    return builder.get()
+    # Kernels that were TIR before specialization stay symbolic: each static function gets copies
+    # bound to its shapes (static_kernels.py; TVM's FuseTIR cannot fuse a symbolic kernel with
+    # static neighbours).
+    return specialize_kernels(builder.get(), [gvar.name_hint for gvar, _, _ in specialized])
 
 
 def pad_spec(padding: Mapping | None, input_names: list[str],

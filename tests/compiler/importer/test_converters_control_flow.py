@@ -460,3 +460,59 @@ def test_onnx_conformance(case, native):
             assert g.shape == e.shape
             np.testing.assert_allclose(g.astype(np.float64), e.astype(np.float64),
                                        rtol=max(case.rtol, 1e-5), atol=max(case.atol, 1e-5))
+
+
+def nested_if_reading_a_top_level_value(inner_then: str) -> onnx.ModelProto:
+    """x8 = Tile(x[s, 1, 4], [1, 1, 2]); If(c1) then {If(c2) then <inner_then>(x8) else x8 * x8;
+    Identity} else -x8: the inner If's branches read a value computed at the top level."""
+    one = onnx.numpy_helper.from_array(np.array([1], np.int64), "one")
+    if inner_then == "squeeze_unsqueeze":
+        then_nodes = [helper.make_node("Squeeze", ["x8", "one"], ["sq"]),
+                      helper.make_node("Unsqueeze", ["sq", "one"], ["it"])]
+    else:
+        then_nodes = [helper.make_node(inner_then, ["x8"], ["it"])]
+    inner_then_graph = helper.make_graph(then_nodes, "inner_then", [], [vi("it", F, ["s", 1, 8])])
+    inner_else_graph = helper.make_graph([helper.make_node("Mul", ["x8", "x8"], ["ie"])],
+                                         "inner_else", [], [vi("ie", F, ["s", 1, 8])])
+    outer_then = helper.make_graph(
+        [helper.make_node("If", ["c2"], ["inner"], then_branch=inner_then_graph,
+                          else_branch=inner_else_graph),
+         helper.make_node("Identity", ["inner"], ["ot"])], "outer_then", [], [vi("ot", F, ["s", 1, 8])])
+    outer_else = helper.make_graph([helper.make_node("Neg", ["x8"], ["oe"])], "outer_else", [],
+                                   [vi("oe", F, ["s", 1, 8])])
+    reps = onnx.numpy_helper.from_array(np.array([1, 1, 2], np.int64), "reps")
+    return model([helper.make_node("Tile", ["x", "reps"], ["x8"]),
+                  helper.make_node("If", ["c1"], ["y"], then_branch=outer_then, else_branch=outer_else)],
+                 [vi("x", F, ["s", 1, 4]), vi("c1", B, []), vi("c2", B, [])],
+                 [vi("y", F, ["s", 1, 8])], [reps, one])
+
+
+@pytest.mark.parametrize("inner_then", ["Relu", "squeeze_unsqueeze"])
+def test_nested_if_every_branch_in_turn(inner_then):
+    """Every branch combination on one compiled module, (True, True) first, then (True, False):
+    the sequence reported to crash the runtime."""
+    proto = nested_if_reading_a_top_level_value(inner_then)
+    feeds = [{"x": rand(s, 1, 4, seed=s), "c1": np.array(c1), "c2": np.array(c2)}
+             for s in (2, 5) for c1, c2 in ((True, True), (True, False), (False, True), (False, False))]
+    check(proto, *feeds)
+
+
+def test_nested_if_every_branch_through_edgec_compile(tmp_path):
+    """The same through edgec.compile (static specializations and the symbolic fallback) and
+    edgec's runtime, on shapes it specialized and one it did not."""
+    import edgec
+    from edgec import runtime
+    from edgec.core.samples import Sample
+
+    proto = nested_if_reading_a_top_level_value("squeeze_unsqueeze")
+    combos = ((True, True), (True, False), (False, True), (False, False))
+    feeds = lambda sizes: [{"x": rand(s, 1, 4, seed=s), "c1": np.array(c1), "c2": np.array(c2)}  # noqa: E731
+                           for s in sizes for c1, c2 in combos]
+    compiled = edgec.compile(from_proto(proto, "nested_if"),
+                             [Sample(f"s{i}", f) for i, f in enumerate(feeds((2, 3)))])
+    path = compiled.artifact.save(tmp_path / "a.edgec")
+    loaded = runtime.load(path)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for feed in feeds((2, 3, 5)):
+        np.testing.assert_allclose(loaded.run(feed)["y"], session.run(None, feed)[0], rtol=1e-6,
+                                   atol=1e-6, err_msg=str({k: v.shape for k, v in feed.items()}))
