@@ -13,7 +13,7 @@ from typing import Any
 
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.importer.converters import ops, shapes
+from edgec.compiler.importer.converters import ops, shape_values, shapes
 from edgec.compiler.importer.converters.control_flow import LAZY_IF, LazyIf, Loop, Scan
 from edgec.compiler.importer.recurrent import RECURRENT_KERNEL, RecurrentLoop
 
@@ -38,6 +38,8 @@ CONVERTERS: dict[str, type] = {
     "ConvInteger": ops.ConvInteger,
     RECURRENT_KERNEL: RecurrentLoop,
 }
+# Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
+CONVERTERS.update(shape_values.converters(CONVERTERS))
 # Op types the importer handles itself, without a converter.
 BUILT_IN = ("If", "Constant")
 
