@@ -44,9 +44,16 @@ class Value:
     elements: tuple
     rank: int
     dtype: str
+    # The dims where rank is 2 (a shape value reshaped to pairs: pads as exporters build them).
+    dims2: tuple | None = None
 
     def __post_init__(self):
-        assert self.rank in (0, 1) and (self.rank == 1 or len(self.elements) == 1)
+        assert self.rank in (0, 1, 2) and (self.rank == 1 or self.rank == 2 and self.dims2 is not None
+                                           or len(self.elements) == 1)
+
+    @property
+    def shape(self) -> tuple:
+        return {0: (), 1: (len(self.elements),)}.get(self.rank, self.dims2)
 
 
 def _known(bb: relax.BlockBuilder) -> dict:
@@ -246,10 +253,10 @@ def emit(bb: relax.BlockBuilder, value: Value, fallback: Callable[[], relax.Expr
     a number, else ``shape_to_tensor`` of the elements (``fallback()`` computes floats that are
     not integral)."""
     elements = tuple(simplify(e) if _constant(e) is None else e for e in value.elements)
-    value = Value(elements, value.rank, value.dtype)
+    value = dataclasses.replace(value, elements=elements)
     numbers = [_constant(e) for e in elements]
     if all(n is not None for n in numbers):
-        array = np.array(numbers, dtype=value.dtype).reshape(() if value.rank == 0 else (-1,))
+        array = np.array(numbers, dtype=value.dtype).reshape(value.shape)
         return relax.const(array, value.dtype)
     if _is_float(value.dtype):
         ints = [_integral(e) for e in elements]
@@ -264,13 +271,18 @@ def emit(bb: relax.BlockBuilder, value: Value, fallback: Callable[[], relax.Expr
     else:
         ints = [_cast(e, "int64") for e in elements]
     tensor = bb.normalize(relax.op.shape_to_tensor(relax.ShapeExpr(list(ints))))
-    if value.rank == 0:
-        tensor = bb.normalize(relax.op.reshape(tensor, ()))
+    if value.rank != 1:
+        tensor = bb.normalize(relax.op.reshape(tensor, value.shape))
     if value.dtype != "int64":
         tensor = bb.normalize(relax.op.astype(tensor, value.dtype))
     result = bb.emit(tensor) if not isinstance(tensor, relax.Var) else tensor
     _known(bb)[result] = value
     return result
+
+
+def _flat(value: Value | None) -> Value | None:
+    """``value`` where it is rank 0 or 1 (what most ops here compute on)."""
+    return value if value is not None and value.rank < 2 else None
 
 
 def dims_of(bb: relax.BlockBuilder, expr) -> list[tirx.PrimExpr] | None:
@@ -332,8 +344,8 @@ def _converter(op_type: str, compute: Callable, base=None) -> type:
 
 
 def _gather(bb, inputs, attrs, opset):
-    data = value_of(bb, inputs[0])
-    index = value_of(bb, inputs[1])
+    data = _flat(value_of(bb, inputs[0]))
+    index = _flat(value_of(bb, inputs[1]))
     if data is None or index is None or data.rank != 1 or int(attrs.get("axis", 0)) not in (0, -1):
         return None
     if value_of(bb, inputs[0], derived_only=True) is None:
@@ -345,9 +357,46 @@ def _gather(bb, inputs, attrs, opset):
     return Value(tuple(data.elements[int(p) % n] for p in picks), index.rank, data.dtype)
 
 
+def _array(value: Value) -> np.ndarray:
+    array = np.empty(len(value.elements), dtype=object)
+    array[:] = list(value.elements)
+    return array.reshape(value.shape)
+
+
+def _from_array(array: np.ndarray, dtype: str) -> Value | None:
+    if array.ndim > 2:
+        return None
+    return Value(tuple(array.reshape(-1)), array.ndim, dtype, tuple(array.shape) if array.ndim == 2 else None)
+
+
+def _transpose(bb, inputs, attrs, opset):
+    data = value_of(bb, inputs[0], derived_only=True)
+    if data is None or data.rank < 2:
+        return data if data is not None and data.rank < 2 else None
+    perm = attrs.get("perm")
+    return _from_array(_array(data).transpose(None if perm is None else [int(p) for p in perm]), data.dtype)
+
+
+def _reshape_value(bb, inputs, attrs):
+    """Reshape of a shape value to a constant shape (exporters pair pads up: [-1, 2])."""
+    data = value_of(bb, inputs[0], derived_only=True)
+    target = value_of(bb, inputs[1]) if len(inputs) > 1 else None
+    if data is None or target is None:
+        return None
+    dims = [_constant(e) for e in target.elements]
+    if any(d is None for d in dims):
+        return None
+    array = _array(data)
+    dims = [array.shape[k] if d == 0 and not attrs.get("allowzero", 0) else int(d) for k, d in enumerate(dims)]
+    try:
+        return _from_array(array.reshape(dims), data.dtype)
+    except ValueError:
+        return None
+
+
 def _slice(bb, inputs, attrs, opset):
     data = value_of(bb, inputs[0], derived_only=True)
-    if data is None or data.rank != 1:
+    if data is None:
         return None
     if opset < 10:
         starts, ends = attrs.get("starts"), attrs.get("ends")
@@ -365,13 +414,15 @@ def _slice(bb, inputs, attrs, opset):
                 numbers.append(None)
         starts, ends, axes, steps = numbers
         axes, steps = axes or [0], steps or [1]
-    if list(axes) not in ([0], [-1]) or len(starts) != 1 or len(ends) != 1:
-        return None
-    return Value(tuple(data.elements[slice(int(starts[0]), int(ends[0]), int(steps[0]))]), 1, data.dtype)
+    array = _array(data)
+    index = [slice(None)] * array.ndim
+    for axis, start, end, step in zip(axes, starts, ends, steps * len(axes) if len(steps) == 1 else steps):
+        index[int(axis) % array.ndim] = slice(int(start), int(end), int(step))
+    return _from_array(array[tuple(index)], data.dtype)
 
 
 def _squeeze(bb, inputs, attrs, opset):
-    data = value_of(bb, inputs[0], derived_only=True)
+    data = _flat(value_of(bb, inputs[0], derived_only=True))
     if data is None:
         return None
     axes = _axes(bb, attrs, inputs, 1) if opset >= 13 else attrs.get("axes")
@@ -383,7 +434,7 @@ def _squeeze(bb, inputs, attrs, opset):
 
 
 def _unsqueeze(bb, inputs, attrs, opset):
-    data = value_of(bb, inputs[0], derived_only=True)
+    data = _flat(value_of(bb, inputs[0], derived_only=True))
     axes = _axes(bb, attrs, inputs, 1) if opset >= 13 else attrs.get("axes")
     if data is None or data.rank != 0 or axes is None or list(axes) not in ([0], [-1]):
         return None
@@ -413,7 +464,7 @@ def _cast_to(dtype_for: Callable):
         dtype = dtype_for(bb, inputs, attrs)
         if dtype is None or not (_is_int(dtype) or _is_float(dtype) or dtype == "bool"):
             return None
-        return Value(tuple(_cast(e, dtype) for e in data.elements), data.rank, dtype)
+        return dataclasses.replace(data, elements=tuple(_cast(e, dtype) for e in data.elements), dtype=dtype)
     return compute
 
 
@@ -435,7 +486,7 @@ def _elementwise(op: str):
         present = inputs[:2] if op not in ("Min", "Max") else [i for i in inputs if i is not None]
         if not any(value_of(bb, i, derived_only=True) is not None for i in present):
             return None
-        values = [value_of(bb, i) for i in present]
+        values = [_flat(value_of(bb, i)) for i in present]
         if any(v is None for v in values):
             return None
         dtype = values[0].dtype
@@ -496,7 +547,7 @@ def _rounded(tir_fn, np_fn, int_fn):
 
 def _reduce(op: str):
     def compute(bb, inputs, attrs, opset):
-        data = value_of(bb, inputs[0], derived_only=True)
+        data = _flat(value_of(bb, inputs[0], derived_only=True))
         if data is None:
             return None
         axes = _axes(bb, attrs, inputs, 1) if (opset >= 18 or op == "ReduceSum" and opset >= 13) else attrs.get("axes")
@@ -522,7 +573,7 @@ def _reduce(op: str):
 def _where(bb, inputs, attrs, opset):
     if not any(value_of(bb, i, derived_only=True) is not None for i in inputs):
         return None
-    values = [value_of(bb, i) for i in inputs]
+    values = [_flat(value_of(bb, i)) for i in inputs]
     if any(v is None for v in values) or values[1].dtype != values[2].dtype:
         return None
     shaped = _broadcast(values)
@@ -569,11 +620,22 @@ class Range:
                 return fallback(bb, inputs, attrs, params)
             if not tvm.sym.Analyzer().can_prove_equal(ty.shape.values[0], length):
                 # The op's own length expression differs in form: state ours.
-                result = bb.match_cast(bb.emit(result), relax.TensorType([length], "int64"))
+                result = _stated(bb, result, [length])
             if dtype != "int64":
                 result = bb.normalize(relax.op.astype(result, dtype))
             return result
         return convert
+
+
+def _stated(bb, tensor: relax.Expr, dims: list) -> relax.Expr:
+    """``tensor`` match-cast to ``dims`` (checked at run time). Through fresh dims first:
+    TVM 0.27's ConvertToDataflow crashes on a match_cast from a computed extent (``min(seq,
+    128)``) straight to a dim."""
+    ty = tensor.ty
+    fresh = [tirx.Var(f"extent{k}", "int64") for k in range(len(dims))]
+    tensor = bb.match_cast(bb.emit(tensor) if not isinstance(tensor, relax.Var) else tensor,
+                           relax.TensorType(fresh, str(ty.dtype)))
+    return bb.match_cast(tensor, relax.TensorType(dims, str(ty.dtype)))
 
 
 def _target_or_fallback(bb, shape) -> relax.Expr:
@@ -600,8 +662,13 @@ class Reshape:
 
         def convert(bb, inputs, attrs, params):
             data, shape = inputs[0], inputs[1]
+            value = _reshape_value(bb, inputs, attrs)
+            if value is not None:
+                return emit(bb, value)
             dims = dims_of(bb, shape) if value_of(bb, shape, derived_only=True) is not None else None
             in_dims = _input_dims(data)
+            if dims is not None and in_dims is None and not any(_constant(d) == 0 for d in dims):
+                return relax.op.reshape(data, relax.ShapeExpr([simplify(d) for d in dims]))
             if dims is None or in_dims is None:
                 if shape is not None and value_of(bb, shape) is None and in_dims is not None and not isinstance(
                         shape, tvm.ir.GenericConst) and isinstance(getattr(shape, "ty", None), relax.TensorType):
@@ -642,9 +709,10 @@ class Expand:
 
         def convert(bb, inputs, attrs, params):
             data, shape = inputs[0], inputs[1]
-            if value_of(bb, shape, derived_only=True) is None:
-                return fallback(bb, inputs, attrs, params)
             dims, in_dims = dims_of(bb, shape), _input_dims(data)
+            if value_of(bb, shape, derived_only=True) is None and (
+                    in_dims is None or all(isinstance(d, tirx.IntImm) for d in in_dims)):
+                return fallback(bb, inputs, attrs, params)
             if dims is None or in_dims is None:
                 return fallback(bb, inputs, attrs, params)
             rank = max(len(dims), len(in_dims))
@@ -693,6 +761,50 @@ def _with_shape_input(base, index: int, keep_constant: bool = True) -> type:
     Converter.__name__ = Converter.__qualname__ = base.__name__
     Converter.__doc__ = f"{base.__name__} with its shape input computed from shapes given as dims."
     return Converter
+
+
+def _resize(base) -> type:
+    """Resize whose ``sizes`` are computed from shapes (``interpolate(size=x.shape[-2:])``): a
+    constant where every size is a number (then ``base``), else ``image.resize2d`` to the
+    symbolic sizes (TVM's converter takes numbers only)."""
+    numbered = _with_shape_input(base, 3)
+
+    class Resize:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            inner = numbered.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                sizes = dims_of(bb, inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+                x = inputs[0]
+                ty = getattr(x, "ty", None)
+                if (sizes is None or all(_constant(simplify(d)) is not None for d in sizes)
+                        or not isinstance(ty, relax.TensorType) or ty.ndim != 4 or len(sizes) != 4
+                        or opset < 13):
+                    return inner(bb, inputs, attrs, params)
+                roi = inputs[1] if len(inputs) > 1 else None
+                if roi is not None and not (isinstance(roi, tvm.ir.GenericConst) and roi.value.numpy().size == 0):
+                    return inner(bb, inputs, attrs, params)
+                text = lambda key, default: (attrs.get(key, default).decode("ascii")  # noqa: E731
+                                             if isinstance(attrs.get(key, default), bytes) else str(attrs.get(key, default)))
+                mode = text("mode", "nearest")
+                if attrs.get("antialias", 0) or text("keep_aspect_ratio_policy", "stretch") != "stretch" or "axes" in attrs:
+                    return inner(bb, inputs, attrs, params)
+                dims = _input_dims(x)
+                if dims is None or not all(tvm.sym.Analyzer().can_prove_equal(a, simplify(b))
+                                           for a, b in zip(dims[:2], sizes[:2])):
+                    return inner(bb, inputs, attrs, params)
+                return relax.op.image.resize2d(
+                    x, size=relax.ShapeExpr([simplify(d) for d in sizes[2:]]), roi=[0.0] * 4, layout="NCHW",
+                    method="nearest_neighbor" if mode == "nearest" else mode,
+                    coordinate_transformation_mode=text("coordinate_transformation_mode", "half_pixel"),
+                    rounding_method=text("nearest_mode", "round_prefer_floor"),
+                    cubic_alpha=attrs.get("cubic_coeff_a", -0.75),
+                    cubic_exclude=attrs.get("exclude_outside", 0),
+                    extrapolation_value=attrs.get("extrapolation_value", 0.0))
+            return convert
+
+    return Resize
 
 
 def _as_onnx_input(values: list):
@@ -800,14 +912,38 @@ class Slice:
             steps = steps or [1] * len(axes)
             if any(s <= 0 for s in steps):
                 return fallback(bb, inputs, attrs, params)
-            begin, end = [], []
-            for axis, s, e in zip(axes, starts, ends):
+            begin, end, stated = [], [], False
+            out_dims = list(in_dims)
+            for axis, s, e, step in zip(axes, starts, ends, steps):
                 dim = in_dims[axis]
                 begin.append(simplify(_clamp(s, dim)))
                 end.append(simplify(_clamp(e, dim)))
-            return relax.op.strided_slice(inputs[0], axes, begin, end,
-                                          [_imm(s, "int64") for s in steps], assume_inbound=True)
+                # Bounds computed from shapes lie inside the dim in every model that runs (a
+                # position table sliced to seq): state the unclamped extent, which match_cast
+                # checks at run time (an error, never a wrong result, where it does not hold).
+                if _constant(s) is not None and _constant(e) is not None:
+                    continue
+                analyzer = tvm.sym.Analyzer()
+                lower, upper = simplify(s), simplify(e)
+                if _nonnegative(lower) and _nonnegative(upper):
+                    out_dims[axis] = simplify(tirx.max(tirx.ceildiv(upper - lower, step), 0))
+                    stated = True
+            result = bb.normalize(relax.op.strided_slice(
+                inputs[0], axes, begin, end, [_imm(s, "int64") for s in steps], assume_inbound=True))
+            ty = result.ty
+            if stated and isinstance(ty, relax.TensorType) and ty.shape is not None and not all(
+                    tvm.sym.Analyzer().can_prove_equal(a, b) for a, b in zip(ty.shape.values, out_dims)):
+                result = _stated(bb, result, out_dims)
+            return result
         return convert
+
+
+def _nonnegative(expr: tirx.PrimExpr) -> bool:
+    analyzer = tvm.sym.Analyzer()
+    for var in tirx.analysis.undefined_vars(expr):
+        if _is_int(_dt(var)):
+            analyzer.update(var, tvm.sym.ConstIntBound(0, tvm.sym.ConstIntBound.POS_INF))
+    return analyzer.can_prove(expr >= 0)
 
 
 def _clamp(index: tirx.PrimExpr, dim: tirx.PrimExpr) -> tirx.PrimExpr:
@@ -835,7 +971,7 @@ def converters(base: dict) -> dict[str, type]:
     computed = {
         "Gather": _gather, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Concat": _concat,
         "Cast": _cast_to(lambda bb, inputs, attrs: _dtype_of_onnx(attrs["to"])),
-        "CastLike": _cast_to(_cast_like_dtype), "Where": _where,
+        "CastLike": _cast_to(_cast_like_dtype), "Where": _where, "Transpose": _transpose,
         **{op: _elementwise(op) for op in _ELEMENTWISE},
         **{op: _unary(op) for op in _UNARY},
         **{op: _reduce(op) for op in _REDUCE},
@@ -851,5 +987,5 @@ def converters(base: dict) -> dict[str, type]:
         "Slice": Slice,
     })
     table["ConstantOfShape"] = _with_shape_input(base["ConstantOfShape"], 0)
-    table["Resize"] = _with_shape_input(base["Resize"], 3)
+    table["Resize"] = _resize(base["Resize"])
     return table
