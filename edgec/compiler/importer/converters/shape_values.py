@@ -135,8 +135,13 @@ def _integral(expr: tirx.PrimExpr) -> tirx.PrimExpr | None:
     if isinstance(expr, tirx.Cast) and _is_int(_dt(expr.value)):
         return _cast(expr.value, "int64")
     number = _constant(expr)
-    if number is not None and float(number).is_integer():
-        return _imm(int(number), "int64")
+    if number is not None:
+        return _imm(int(number), "int64") if float(number).is_integer() else None
+    for kind, combine in ((tirx.Add, lambda a, b: a + b), (tirx.Sub, lambda a, b: a - b),
+                          (tirx.Mul, lambda a, b: a * b)):
+        if isinstance(expr, kind):  # integral floats stay integral (exact below 2**24)
+            a, b = _integral(expr.a), _integral(expr.b)
+            return None if a is None or b is None else combine(a, b)
     return None
 
 
@@ -541,7 +546,7 @@ def _rounded(tir_fn, np_fn, int_fn):
                 return tirx.Cast(_dt(expr), int_fn(a, b))
         if _integral(expr) is not None:
             return expr
-        return tir_fn(expr)
+        raise _NotSymbolic  # a float function of the dims: TVM's tensor computation
     return apply
 
 
@@ -627,14 +632,24 @@ class Range:
         return convert
 
 
+def _simplified(bb, tensor: relax.Expr) -> relax.Expr:
+    """``tensor`` reshaped (a view) to its dims simplified (``seq + (total - seq)``: ``total``)."""
+    dims = _input_dims(tensor)
+    if dims is None:
+        return tensor
+    simple = [simplify(d) for d in dims]
+    if all(a.same_as(b) for a, b in zip(dims, simple)):
+        return tensor
+    return relax.op.reshape(tensor, relax.ShapeExpr(simple))
+
+
 def _stated(bb, tensor: relax.Expr, dims: list) -> relax.Expr:
-    """``tensor`` match-cast to ``dims`` (checked at run time). Through fresh dims first:
-    TVM 0.27's ConvertToDataflow crashes on a match_cast from a computed extent (``min(seq,
-    128)``) straight to a dim."""
+    """``tensor`` match-cast to ``dims`` (checked at run time). Through a cast to unknown dims
+    first: TVM 0.27's ConvertToDataflow crashes on a match_cast from a computed extent
+    (``min(seq, 128)``) straight to a dim."""
     ty = tensor.ty
-    fresh = [tirx.Var(f"extent{k}", "int64") for k in range(len(dims))]
     tensor = bb.match_cast(bb.emit(tensor) if not isinstance(tensor, relax.Var) else tensor,
-                           relax.TensorType(fresh, str(ty.dtype)))
+                           relax.TensorType(None, str(ty.dtype), ndim=len(dims)))
     return bb.match_cast(tensor, relax.TensorType(dims, str(ty.dtype)))
 
 
@@ -833,8 +848,8 @@ class Tile:
 
 
 class Pad:
-    """ONNX Pad (opset 11+) whose pads are computed from shapes: ``topi.nn.pad`` with the
-    symbolic widths (constant mode; TVM refuses "dynamic pads")."""
+    """ONNX Pad (opset 11+) whose pads are computed from shapes (constant mode; TVM refuses
+    "dynamic pads"): the input concatenated with blocks of the pad value of symbolic width."""
 
     @classmethod
     def get_converter(cls, opset: int) -> Callable:
@@ -872,7 +887,22 @@ class Pad:
                                                            assume_inbound=True))
                 before = [p if (_constant(p) or 0) >= 0 else _imm(0, "int64") for p in before]
                 after = [p if (_constant(p) or 0) >= 0 else _imm(0, "int64") for p in after]
-            return bb.emit_te(topi.nn.pad, data, before, after, value)
+            # Concats with filled blocks (topi.nn.pad with symbolic widths breaks FuseTIR).
+            dtype = str(data.ty.dtype)
+            fill = relax.const(np.array(value, dtype=dtype), dtype)
+            for axis in range(rank):
+                parts = []
+                for width, side in ((before[axis], 0), (after[axis], 1)):
+                    if _constant(width) == 0:
+                        continue
+                    dims = list(_input_dims(bb.normalize(data)))
+                    dims[axis] = width
+                    block = bb.normalize(relax.op.full(relax.ShapeExpr(dims), fill, dtype))
+                    parts.append((side, block))
+                if parts:
+                    pieces = [b for side, b in parts if side == 0] + [data] + [b for side, b in parts if side == 1]
+                    data = bb.normalize(relax.op.concat(pieces, axis=axis))
+            return _simplified(bb, data)
         return convert
 
 
