@@ -117,7 +117,7 @@ def test_pad_by_a_difference_of_shapes():
                    [_f("out", ["batch", "total"])])
     assert 'R.Tensor((batch, total), dtype="float32") = R.add' in _script(model)
     _check(model, [{"mask": np.random.rand(b, s).astype(np.float32),
-                    "kv": np.random.rand(b, s + e).astype(np.float32)} for b, s, e in ((1, 4, 3), (2, 8, 1))])
+                    "kv": np.random.rand(b, s + e).astype(np.float32)} for b, s, e in ((1, 4, 3), (2, 8, 0))])
 
 
 def test_pads_paired_reversed_and_flattened_as_torchscript_writes_them():

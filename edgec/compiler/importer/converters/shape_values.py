@@ -632,6 +632,14 @@ class Range:
         return convert
 
 
+def _scalar_tensor(bb, expr: tirx.PrimExpr) -> relax.Expr:
+    """An int64 rank-0 tensor of ``expr``."""
+    number = _constant(expr)
+    if number is not None:
+        return relax.const(int(number), "int64")
+    return emit(bb, Value((_cast(expr, "int64"),), 0, "int64"))
+
+
 def _simplified(bb, tensor: relax.Expr) -> relax.Expr:
     """``tensor`` reshaped (a view) to its dims simplified (``seq + (total - seq)``: ``total``)."""
     dims = _input_dims(tensor)
@@ -887,21 +895,28 @@ class Pad:
                                                            assume_inbound=True))
                 before = [p if (_constant(p) or 0) >= 0 else _imm(0, "int64") for p in before]
                 after = [p if (_constant(p) or 0) >= 0 else _imm(0, "int64") for p in after]
-            # Concats with filled blocks (topi.nn.pad with symbolic widths breaks FuseTIR).
+            # Per padded axis: take(data, clip(i - before)) where i - before lies in the input,
+            # else the value. (topi.nn.pad with symbolic widths breaks FuseTIR; blocks of the
+            # value fold to empty constants where a specialization makes a width 0.)
             dtype = str(data.ty.dtype)
             fill = relax.const(np.array(value, dtype=dtype), dtype)
             for axis in range(rank):
-                parts = []
-                for width, side in ((before[axis], 0), (after[axis], 1)):
-                    if _constant(width) == 0:
-                        continue
-                    dims = list(_input_dims(bb.normalize(data)))
-                    dims[axis] = width
-                    block = bb.normalize(relax.op.full(relax.ShapeExpr(dims), fill, dtype))
-                    parts.append((side, block))
-                if parts:
-                    pieces = [b for side, b in parts if side == 0] + [data] + [b for side, b in parts if side == 1]
-                    data = bb.normalize(relax.op.concat(pieces, axis=axis))
+                if _constant(before[axis]) == 0 and _constant(after[axis]) == 0:
+                    continue
+                dim = _input_dims(bb.normalize(data))[axis]
+                length = simplify(before[axis] + dim + after[axis])
+                index = bb.normalize(relax.op.subtract(
+                    relax.op.arange(_imm(0, "int64"), length, _imm(1, "int64"), "int64"),
+                    _scalar_tensor(bb, before[axis])))
+                inside = bb.normalize(relax.op.logical_and(
+                    relax.op.greater_equal(index, relax.const(0, "int64")),
+                    relax.op.less(index, _scalar_tensor(bb, dim))))
+                clipped = bb.normalize(relax.op.maximum(
+                    relax.op.minimum(index, relax.op.subtract(_scalar_tensor(bb, dim), relax.const(1, "int64"))),
+                    relax.const(0, "int64")))
+                taken = bb.normalize(relax.op.take(data, clipped, axis=axis))
+                mask = bb.normalize(relax.op.reshape(inside, [length if k == axis else 1 for k in range(rank)]))
+                data = bb.normalize(relax.op.where(mask, taken, fill))
             return _simplified(bb, data)
         return convert
 
