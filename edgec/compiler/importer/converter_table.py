@@ -13,7 +13,7 @@ from typing import Any
 
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.importer.converters import ops, shapes
+from edgec.compiler.importer.converters import ops, shape_values, shapes
 from edgec.compiler.importer.converters.control_flow import LAZY_IF, LazyIf, Loop, Scan
 from edgec.compiler.importer.converters.slicing import Slice, checked_squeeze
 from edgec.compiler.importer.recurrent import RECURRENT_KERNEL, RecurrentLoop
@@ -41,6 +41,8 @@ CONVERTERS: dict[str, type] = {
     "Slice": Slice,
     "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
 }
+# Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
+CONVERTERS.update(shape_values.converters(CONVERTERS))
 # Op types the importer handles itself, without a converter.
 BUILT_IN = ("If", "Constant")
 

@@ -598,6 +598,14 @@ class NonMaxSuppression:
                                  "(a constant or a fixed input)")
             above = np.nextafter(np.float32(value), np.float32(np.inf))
             inputs[3] = relax.const(np.array([above], np.float32))
+            # TVM's kernel crashes the process on boxes or scores of unknown dims (known rank):
+            # give them fresh symbolic dims.
+            for k in (0, 1):
+                ty = getattr(inputs[k], "ty", None)
+                if isinstance(ty, relax.TensorType) and ty.shape is None and ty.ndim >= 0:
+                    dims = [tvm.tirx.Var(f"nms{k}_{d}", "int64") for d in range(ty.ndim)]
+                    value = inputs[k] if isinstance(inputs[k], relax.Var) else bb.emit(inputs[k])
+                    inputs[k] = bb.match_cast(value, relax.TensorType(dims, ty.dtype))
             return fallback(bb, inputs, attrs, params)
         return convert
 
