@@ -923,11 +923,14 @@ class Pad:
 
 class Slice:
     """ONNX Slice of a tensor whose starts/ends are computed from shapes: a ``strided_slice``
-    with the bounds clamped as ONNX does, on the dims; of a shape value, the elements."""
+    with the bounds clamped as ONNX does, on the dims; of a shape value, the elements. Other
+    slices go to ``base`` (the table's Slice underneath: ``converters.slicing``), else TVM's."""
+
+    base = None
 
     @classmethod
     def get_converter(cls, opset: int) -> Callable:
-        fallback = onnx_frontend.Slice.get_converter(opset)
+        fallback = (cls.base or onnx_frontend.Slice).get_converter(opset)
 
         def convert(bb, inputs, attrs, params):
             if opset >= 10:
@@ -1029,7 +1032,7 @@ def converters(base: dict) -> dict[str, type]:
         "Expand": Expand,
         "Tile": Tile,
         "Pad": Pad,
-        "Slice": Slice,
+        "Slice": type("Slice", (Slice,), {"base": base.get("Slice")}),
     })
     table["ConstantOfShape"] = _with_shape_input(base["ConstantOfShape"], 0)
     table["Resize"] = _resize(base["Resize"])
