@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm import relax, tirx
+
+
+def constant(value) -> relax.Constant:
+    """A Relax constant of ``value`` in its own dtype: ``relax.const`` alone makes an int64 or
+    float64 numpy value int32 or float32, and the int64 ops around it then fail type inference."""
+    array = np.asarray(value)
+    return relax.const(array, str(array.dtype))
 
 
 def rewrite_functions(mutator: relax.PyExprMutator, mod: tvm.IRModule) -> tvm.IRModule:

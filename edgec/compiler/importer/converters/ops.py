@@ -9,7 +9,7 @@ import tvm
 from tvm import relax, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.ir import static_shape
+from edgec.compiler.ir import constant, static_shape
 from edgec.core.model import attribute_text
 
 
@@ -180,7 +180,7 @@ class OneHot:
             if "float" in str(indices.ty.dtype):  # ONNX allows float indices; they index as ints
                 indices = bb.normalize(relax.op.astype(indices, "int64"))
             if isinstance(depth, tvm.ir.GenericConst):
-                depth = relax.const(np.int64(np.asarray(depth.value.numpy()).reshape(-1)[0]))
+                depth = constant(np.int64(np.asarray(depth.value.numpy()).reshape(-1)[0]))
             return fallback(bb, [indices, depth, *inputs[2:]], attrs, params)
         return convert
 
@@ -554,11 +554,11 @@ class Resize:
             along[axis] = out_len
             if np.all((weights == 0) | (weights == 1)) and np.all(weights.sum(axis=1) == 1):
                 chosen = indices[np.arange(out_len), weights.argmax(axis=1)]
-                result = relax.op.take(x, relax.const(chosen.astype(np.int64)), axis=axis)
+                result = relax.op.take(x, constant(chosen.astype(np.int64)), axis=axis)
             else:
                 result = None
                 for k in range(weights.shape[1]):
-                    index = relax.const(indices[:, k].astype(np.int64))
+                    index = constant(indices[:, k].astype(np.int64))
                     gathered = relax.op.take(x, index, axis=axis)
                     weight = relax.const(weights[:, k].reshape(along).astype(work), work)
                     term = bb.normalize(relax.op.multiply(gathered, weight))

@@ -32,6 +32,7 @@ from tvm import relax, tirx, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from edgec.compiler.importer.converters import ops as edgec_ops
+from edgec.compiler.ir import constant
 
 # Longest shape value followed (a shape has one element per dim).
 _MAX_LENGTH = 64
@@ -774,7 +775,7 @@ def _with_shape_input(base, index: int, keep_constant: bool = True) -> type:
                         dims = [simplify(d) for d in dims]
                         inputs = list(inputs)
                         if all(_constant(d) is not None for d in dims):
-                            inputs[index] = relax.const(np.array([_constant(d) for d in dims], np.int64))
+                            inputs[index] = constant(np.array([_constant(d) for d in dims], np.int64))
                         else:
                             inputs[index] = relax.ShapeExpr(dims)
                         inputs = _as_onnx_input(inputs)

@@ -8,9 +8,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgec.compiler.transform.library_offload.analysis import (
-    _BATCH_NORM, _BROADCAST_TO, _DROPOUT, _STACK, _SUM, _Analysis, _float32, _Group, _is_call,
-    _same_shape, constant_value, static_shape)
+from edgec.compiler.ir import constant
+from edgec.compiler.transform.library_offload.analysis import (_Analysis, _BATCH_NORM,
+                                                               _BROADCAST_TO, _DROPOUT, _float32,
+                                                               _Group, _is_call, _same_shape,
+                                                               _STACK, _SUM, constant_value,
+                                                               static_shape)
 
 
 def _canonical_groups(analysis: _Analysis) -> list[_Group]:
@@ -25,7 +28,7 @@ def _canonical_groups(analysis: _Analysis) -> list[_Group]:
         array = _fold(value, lookup, var)
         if array is not None:
             folded[var] = array
-            groups.append(_Group(tail=var, drop=set(), alias=relax.const(array)))
+            groups.append(_Group(tail=var, drop=set(), alias=constant(array)))
             continue
         bn_group = _batch_norm_group(analysis, var, value, lookup)
         if bn_group is not None:
