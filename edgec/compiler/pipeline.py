@@ -8,7 +8,8 @@ what runs for a target.
     legalize    TVM's legalization and operator fusion (GPU: with dlight's schedules)
     tune        tuned schedules from the target's MetaSchedule database (CPU)
     schedule    edgec's vectorizing schedules for the other kernels (CPU)
-    lower       TVM's dataflow lowering and memory planning, then VM code generation and linking
+    lower       TVM's dataflow lowering and memory planning (each If branch then allocating the
+                storage it uses: ``transform.branch_storage``), VM code generation and linking
 
 ``phases(backend, target, options, record)`` lists the Relax phases for a backend from its
 capability attributes (``backends.base.Backend``); ``compile`` runs them and links the library.
@@ -38,6 +39,7 @@ from edgec.compiler.importer.fold import fix_inputs, fold_constants
 from edgec.compiler.importer.recurrent import rewrite_recurrent
 from edgec.compiler.ir import extern_symbols
 from edgec.compiler.transform import library_offload
+from edgec.compiler.transform.branch_storage import after_memory_planning
 from edgec.compiler.transform.fast_math import FastMath
 from edgec.compiler.transform.fp16 import FP16
 from edgec.compiler.transform.native_kernels import NativeKernels
@@ -176,8 +178,10 @@ def phases(backend: Backend, target: Target, options: Options, record: Record) -
         record.database = open_database(target, must_exist=False)
         result += [Phase("tune", [ApplyTuningDatabase(record.database, record.kernels)]),
                    Phase("schedule", [CPUSchedules])]
+    # TVM's memory planning may hand one branch of an If storage bound in another: each branch
+    # allocates its own (transform.branch_storage).
     result.append(Phase("lower", lowering.dataflow_lower_passes(tvm_target)
-                        + lowering.finalize_passes(tvm_target)))
+                        + after_memory_planning(lowering.finalize_passes(tvm_target))))
     return result
 
 

@@ -516,3 +516,79 @@ def test_nested_if_every_branch_through_edgec_compile(tmp_path):
     for feed in feeds((2, 3, 5)):
         np.testing.assert_allclose(loaded.run(feed)["y"], session.run(None, feed)[0], rtol=1e-6,
                                    atol=1e-6, err_msg=str({k: v.shape for k, v in feed.items()}))
+
+
+def nested_if_reading_a_library_call() -> onnx.ModelProto:
+    """z = MatMul(x[seq, 1, 4], W[4, 8]) (oneDNN's dense where the target has it); If(c1) then
+    {If(c2) then Squeeze(Unsqueeze(z)) else -z; Identity} else Identity(z). The importer binds the
+    MatMul in each branch that reads it, so each inner branch has planned intermediates of its
+    own; TVM's memory planning handed the else branch storage bound in the then branch (a null
+    register when the then branch had not run: a segfault in the VM)."""
+    one = onnx.numpy_helper.from_array(np.array([1], np.int64), "one")
+    weight = onnx.numpy_helper.from_array(rand(4, 8, seed=7), "W")
+    inner_then = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["z", "one"], ["zu"]),
+         helper.make_node("Squeeze", ["zu", "one"], ["it"])], "inner_then", [],
+        [vi("it", F, ["s", 1, 8])])
+    inner_else = helper.make_graph([helper.make_node("Neg", ["z"], ["ie"])], "inner_else", [],
+                                   [vi("ie", F, ["s", 1, 8])])
+    outer_then = helper.make_graph(
+        [helper.make_node("If", ["c2"], ["inner"], then_branch=inner_then, else_branch=inner_else),
+         helper.make_node("Identity", ["inner"], ["ot"])], "outer_then", [],
+        [vi("ot", F, ["s", 1, 8])])
+    outer_else = helper.make_graph([helper.make_node("Identity", ["z"], ["oe"])], "outer_else",
+                                   [], [vi("oe", F, ["s", 1, 8])])
+    return model([helper.make_node("MatMul", ["x", "W"], ["z"]),
+                  helper.make_node("If", ["c1"], ["y"], then_branch=outer_then,
+                                   else_branch=outer_else)],
+                 [vi("x", F, ["seq", 1, 4]), vi("c1", B, []), vi("c2", B, [])],
+                 [vi("y", F, ["s", 1, 8])], [weight, one])
+
+
+# Runs a saved artifact on the feeds in order in a child process (a crash of the VM fails the
+# test instead of the test run) and saves the outputs.
+_RUN_IN_TURN = """
+import sys
+import numpy as np
+from edgec import runtime
+feeds = np.load(sys.argv[2])
+loaded = runtime.load(sys.argv[1])
+n = len({k.split("/")[0] for k in feeds.files})
+np.savez(sys.argv[3], *[loaded.run({k: feeds[f"{i}/{k}"] for k in ("x", "c1", "c2")})["y"]
+                        for i in range(n)])
+"""
+
+
+@pytest.mark.parametrize("policy", ["specialize-seen", "symbolic"])
+def test_nested_if_reading_a_library_call_every_branch_in_turn(tmp_path, policy):
+    """Every (c1, c2) in turn, (True, True) first, at sequence lengths the plan specialized and
+    one it did not, through edgec.compile and edgec's runtime, against onnxruntime."""
+    import os
+    import subprocess
+    import sys
+
+    import edgec
+    from edgec.core.samples import Sample
+    from edgec.stages.plan import PlanSettings
+
+    proto = nested_if_reading_a_library_call()
+    combos = ((True, True), (True, False), (False, True), (False, False), (True, False))
+    feeds = lambda sizes: [{"x": rand(s, 1, 4, seed=s), "c1": np.array(c1), "c2": np.array(c2)}  # noqa: E731
+                           for s in sizes for c1, c2 in combos]
+    compiled = edgec.compile(from_proto(proto, "nested_if_matmul"),
+                             [Sample(f"s{i}", f) for i, f in enumerate(feeds((3, 5)))],
+                             settings=edgec.CompileSettings(plan=PlanSettings(policy)))
+    path = compiled.artifact.save(tmp_path / "a.edgec")
+    run_feeds = feeds((5, 3, 4, 1))
+    np.savez(tmp_path / "feeds.npz", **{f"{i}/{k}": v for i, f in enumerate(run_feeds)
+                                        for k, v in f.items()})
+    child = subprocess.run([sys.executable, "-c", _RUN_IN_TURN, str(path),
+                            str(tmp_path / "feeds.npz"), str(tmp_path / "out.npz")],
+                           capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert child.returncode == 0, f"the runtime exited {child.returncode}:\n{child.stderr[-3000:]}"
+    got = np.load(tmp_path / "out.npz")
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for i, feed in enumerate(run_feeds):
+        np.testing.assert_allclose(got[f"arr_{i}"], session.run(None, feed)[0], rtol=1e-5,
+                                   atol=1e-5, err_msg=str({k: v.shape for k, v in feed.items()}
+                                                          | {"c1": feed["c1"], "c2": feed["c2"]}))
