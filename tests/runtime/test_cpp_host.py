@@ -379,7 +379,8 @@ def test_header_agrees_with_the_python_runtime():
 
 
 def reshape_model():
-    """y = Reshape(x[6], shape): ``shape`` is a graph input the plan fixes to its sampled value."""
+    """y = Reshape(x[6], shape): ``shape`` is a graph input the plan fixes to its sampled value,
+    with the general program (a data-dependent shape) as the fallback for other values."""
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
@@ -392,21 +393,47 @@ def reshape_model():
     return model
 
 
-def test_fixed_shape_input_is_checked_like_the_python_runtime(host, tmp_path):
+def reduce_axes_model():
+    """y = ReduceSum(x[2, 3], axes): an ``axes`` input is compiled only as a fixed value (the
+    importer takes reduction axes as constants), so other values are refused."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0, name="sum")], "sum",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("axes", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_shape_input_with_another_value_runs_the_general_program(host, tmp_path):
     x = np.arange(6, dtype=np.float32)
     samples = [{"x": x, "shape": np.array([2, 3], np.int64)}] * 2
     path = build_artifact(reshape_model(), "reshape", samples, ["x86_64"], tmp_path)
+    for shape in ([2, 3], [3, 2], [6, 1]):
+        inputs = {"x": x, "shape": np.array(shape, np.int64)}
+        got = run_host(host, path, inputs, tmp_path / f"out{shape[0]}")
+        np.testing.assert_array_equal(got["y"], x.reshape(shape))
+        np.testing.assert_array_equal(runtime.load(path).run(inputs)["y"], x.reshape(shape))
+
+
+def test_fixed_input_is_checked_like_the_python_runtime(host, tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    samples = [{"x": x, "axes": np.array([1], np.int64)}] * 2
+    path = build_artifact(reduce_axes_model(), "sum", samples, ["x86_64"], tmp_path)
     got = run_host(host, path, samples[0], tmp_path / "ok")
-    np.testing.assert_array_equal(got["y"], x.reshape(2, 3))
-    other = {"x": x, "shape": np.array([3, 2], np.int64)}
-    with pytest.raises(SamplesError, match=r"input 'shape' is \[3, 2\], the artifact was compiled "
-                                           r"for \[2, 3\] .*recompile with samples that cover"):
+    np.testing.assert_allclose(got["y"], x.sum(axis=1))
+    other = {"x": x, "axes": np.array([0], np.int64)}
+    with pytest.raises(SamplesError, match=r"input 'axes' is \[0\], the artifact was compiled "
+                                           r"for \[1\] .*recompile with samples that cover"):
         runtime.load(path).run(other)
     np.savez(tmp_path / "other.npz", **other)
     code, stderr = host_error(host, [str(path), "--inputs", str(tmp_path / "other.npz"),
                                      "-o", str(tmp_path / "out")])
     assert code == SamplesError.exit_code
-    assert "input 'shape' is [3, 2], the artifact was compiled for [2, 3]" in stderr
+    assert "input 'axes' is [0], the artifact was compiled for [1]" in stderr
     assert "recompile with samples that cover this value" in stderr
 
 
