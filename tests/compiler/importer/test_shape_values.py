@@ -199,3 +199,49 @@ def test_min_max_of_dims_stay_symbolic(op, want):
     model = _model(nodes, [_f("x", ["a"]), _f("y", ["b"])], [_f("out", ["c"])])
     assert want in _script(model)
     _check(model, [{"x": np.zeros(a, np.float32), "y": np.zeros(b, np.float32)} for a, b in ((2, 5), (6, 3))])
+
+
+def test_pad_to_a_sum_of_dims_fuses():
+    """GPT-2 with past key values: the mask [batch, total] padded to the KV length past + seq.
+    The pad's index tensors once compared positions with a ``shape_to_tensor`` of ``total``,
+    whose fused kernel FuseTIR rejected (``VarRemapGet(source) == nullptr``)."""
+    nodes = [h.make_node("Shape", ["mask"], ["s"]), h.make_node("Shape", ["past"], ["p"]),
+             h.make_node("Shape", ["x"], ["q"]), _c("one", [1]), _c("zero3", [0, 0, 0]),
+             h.make_node("Gather", ["s", "one"], ["len"], axis=0),
+             h.make_node("Gather", ["p", "one"], ["np"], axis=0),
+             h.make_node("Gather", ["q", "one"], ["nq"], axis=0),
+             h.make_node("Add", ["np", "nq"], ["kv"]),
+             h.make_node("Sub", ["kv", "len"], ["extra"]),
+             h.make_node("Concat", ["zero3", "extra"], ["pads"], axis=0),
+             h.make_node("Pad", ["mask", "pads"], ["padded"], mode="constant"),
+             h.make_node("Concat", ["past", "x"], ["cat"], axis=1),
+             h.make_node("Add", ["padded", "cat"], ["out"])]
+    model = _model(nodes, [_f("mask", ["batch", "total"]), _f("past", ["batch", "past"]),
+                           _f("x", ["batch", "seq"])], [_f("out", ["batch", "kv"])])
+    assert 'R.Tensor((batch, past + seq), dtype="float32") = R.add' in _script(model)
+    _check(model, [{"mask": np.random.rand(b, t).astype(np.float32),
+                    "past": np.random.rand(b, p).astype(np.float32),
+                    "x": np.random.rand(b, s).astype(np.float32)}
+                   for b, t, p, s in ((1, 4, 3, 1), (2, 5, 4, 2), (1, 3, 0, 3))])
+
+
+def test_range_over_a_conv_length_computed_from_the_input_length():
+    """HuBERT (dynamo): positions arange(L) for a conv's output length L = (n - 3) // 2 + 1,
+    computed from the input's length, added to the conv's output [1, 2, L]. L is not >= 0 from
+    n >= 0 alone, yet is a tensor's extent: Range's length max(L, 0) simplifies to L, and the
+    add keeps its shape."""
+    w = np.random.rand(2, 1, 3).astype(np.float32)
+    nodes = [h.make_node("Constant", [], ["w"], value=nh.from_array(w)),
+             h.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3], strides=[2]),
+             h.make_node("Shape", ["x"], ["s"], start=2, end=3), h.make_node("Squeeze", ["s"], ["n"]),
+             _c("three", 3), _c("two", 2), _c("one", 1), _c("zero", 0),
+             h.make_node("Sub", ["n", "three"], ["a"]), h.make_node("Div", ["a", "two"], ["b"]),
+             h.make_node("Add", ["b", "one"], ["length"]),
+             h.make_node("Range", ["zero", "length", "one"], ["pos"]),
+             h.make_node("Cast", ["pos"], ["posf"], to=T.FLOAT),
+             h.make_node("Add", ["y", "posf"], ["sum"]),
+             _c("flat", [0, -1]), h.make_node("Reshape", ["sum", "flat"], ["out"])]
+    model = _model(nodes, [_f("x", [1, 1, "n"])], [_f("out", [1, "m"])])
+    script = _script(model)
+    assert 'R.Tensor((1, 2, (n - 3) // 2 + 1), dtype="float32") = R.add' in script, script
+    _check(model, [{"x": np.random.rand(1, 1, n).astype(np.float32)} for n in (3, 8, 11)])

@@ -22,12 +22,14 @@ keeps TVM's path (``tensor_to_shape`` and a ``match_cast`` to fresh dims).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
 import numpy as np
 import onnx
 import tvm
+import tvm_ffi
 from tvm import relax, tirx, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -97,13 +99,62 @@ def _constant(expr: tirx.PrimExpr):
     return None
 
 
-def simplify(expr: tirx.PrimExpr) -> tirx.PrimExpr:
-    """``expr`` simplified knowing that its vars are dims (never negative)."""
+# Most dims noted per builder (the latest are kept: the ones nearby converters read).
+_MAX_DIMS = 256
+# Most noted dims one simplification assumes (those on the expression's vars, latest first).
+_MAX_FACTS = 16
+
+
+def note_dims(bb: relax.BlockBuilder | None, dims) -> None:
+    """Remember that ``dims`` are extents of tensors, so never negative. A var is known to be
+    one everywhere (``simplify``); an expression such as ``(samples - 400) // 320 + 1`` (a conv's
+    output length) is not provably >= 0 from its vars alone (it is -1 at ``samples == 0``), yet
+    is wherever the tensor exists: ``max(L, 0)`` (Range's length, a Slice's clamp) is ``L``."""
+    if bb is None:
+        return
+    table = getattr(bb, "_edgec_dims", None)
+    if table is None:
+        table = {}
+        bb._edgec_dims = table
+    for dim in dims:
+        if not tvm.ir.is_prim_expr(dim) or isinstance(dim, (tirx.IntImm, tirx.Var)):
+            continue
+        if not _is_int(_dt(dim)):
+            continue
+        key = tvm_ffi.structural_hash(dim)
+        if key in table:
+            continue
+        table[key] = dim
+        if len(table) > _MAX_DIMS:
+            del table[next(iter(table))]
+
+
+def _analyzer(expr: tirx.PrimExpr, bb: relax.BlockBuilder | None, stack) -> tvm.sym.Analyzer:
+    """An analyzer knowing that ``expr``'s int vars and the dims noted on ``bb`` over those vars
+    are never negative (the constraints stay entered until ``stack`` closes)."""
     analyzer = tvm.sym.Analyzer()
+    names = set()
     for var in tirx.analysis.undefined_vars(expr):
         if _is_int(_dt(var)):
             analyzer.update(var, tvm.sym.ConstIntBound(0, tvm.sym.ConstIntBound.POS_INF))
-    return analyzer.simplify(expr)
+            names.add(var)
+    table = getattr(bb, "_edgec_dims", None) if bb is not None else None
+    if table and names:
+        facts = 0
+        for dim in reversed(list(table.values())):
+            if all(v in names for v in tirx.analysis.undefined_vars(dim)):
+                stack.enter_context(analyzer.constraint_scope(dim >= _imm(0, _dt(dim))))
+                facts += 1
+                if facts >= _MAX_FACTS:
+                    break
+    return analyzer
+
+
+def simplify(expr: tirx.PrimExpr, bb: relax.BlockBuilder | None = None) -> tirx.PrimExpr:
+    """``expr`` simplified knowing that its vars are dims (never negative), and so are the
+    dims noted on ``bb`` (``note_dims``)."""
+    with contextlib.ExitStack() as stack:
+        return _analyzer(expr, bb, stack).simplify(expr)
 
 
 def _cast(expr: tirx.PrimExpr, dtype: str) -> tirx.PrimExpr:
@@ -258,7 +309,7 @@ def emit(bb: relax.BlockBuilder, value: Value, fallback: Callable[[], relax.Expr
     """A tensor holding ``value``, remembered as a shape value: a constant where every element is
     a number, else ``shape_to_tensor`` of the elements (``fallback()`` computes floats that are
     not integral)."""
-    elements = tuple(simplify(e) if _constant(e) is None else e for e in value.elements)
+    elements = tuple(simplify(e, bb) if _constant(e) is None else e for e in value.elements)
     value = dataclasses.replace(value, elements=elements)
     numbers = [_constant(e) for e in elements]
     if all(n is not None for n in numbers):
@@ -614,13 +665,13 @@ class Range:
             ints = [_integral(b) for b in bounds]
             if any(i is None for i in ints):
                 return fallback(bb, inputs, attrs, params)
-            start, limit, delta = (simplify(i) for i in ints)
+            start, limit, delta = (simplify(i, bb) for i in ints)
             step = _constant(delta)
             if step is None or step == 0:
                 return fallback(bb, inputs, attrs, params)
             result = bb.normalize(relax.op.arange(start, limit, delta, "int64"))
             length = simplify(tirx.max(tirx.ceildiv(limit - start, delta) if step > 0 else
-                                       tirx.ceildiv(start - limit, _imm(-step, "int64")), 0))
+                                       tirx.ceildiv(start - limit, _imm(-step, "int64")), 0), bb)
             ty = result.ty
             if not (isinstance(ty, relax.TensorType) and ty.shape is not None):
                 return fallback(bb, inputs, attrs, params)
@@ -633,12 +684,26 @@ class Range:
         return convert
 
 
-def _scalar_tensor(bb, expr: tirx.PrimExpr) -> relax.Expr:
-    """An int64 rank-0 tensor of ``expr``."""
-    number = _constant(expr)
-    if number is not None:
-        return relax.const(int(number), "int64")
-    return emit(bb, Value((_cast(expr, "int64"),), 0, "int64"))
+def _pad_indices(bb, length, before, dim) -> tuple[relax.Expr, relax.Expr]:
+    """For output positions ``i < length`` of a padded axis: whether ``i - before`` lies in the
+    input (``[0, dim)``), and ``i - before`` clipped into it, from two aranges whose bounds are
+    the dims (``j = i - before``, ``k = j - dim``: inside is ``j >= 0 and k < 0``, clipped is
+    ``max(j - max(k + 1, 0), 0)``), with no tensor of a dim. Relax ops on ``shape_to_tensor``
+    scalars of the dims broke FuseTIR: TVM 0.27 legalizes ``shape_to_tensor([total])`` to a
+    ``call_tir`` taking the var ``total`` itself as an argument, and FuseOps, fusing it with
+    the comparisons on ``past + seq`` positions, made ``total`` both a parameter of the fused
+    function and a var of its ``R.Shape`` parameter (``VarRemapGet(source) == nullptr``:
+    GPT-2's attention mask padded to the KV length). A TE kernel instead is not re-legalized
+    where a specialization makes the dims static, and FuseTIR rejects its symbolic buffers."""
+    step = _imm(1, "int64")
+    shifted = simplify(-before, bb)
+    j = relax.op.arange(shifted, simplify(length - before, bb), step, "int64")
+    k = relax.op.arange(simplify(shifted - dim, bb), simplify(length - before - dim, bb), step, "int64")
+    zero, one = relax.const(0, "int64"), relax.const(1, "int64")
+    inside = bb.normalize(relax.op.logical_and(relax.op.greater_equal(j, zero), relax.op.less(k, zero)))
+    clipped = bb.normalize(relax.op.maximum(
+        relax.op.subtract(j, relax.op.maximum(relax.op.add(k, one), zero)), zero))
+    return inside, clipped
 
 
 def _simplified(bb, tensor: relax.Expr) -> relax.Expr:
@@ -646,7 +711,7 @@ def _simplified(bb, tensor: relax.Expr) -> relax.Expr:
     dims = _input_dims(tensor)
     if dims is None:
         return tensor
-    simple = [simplify(d) for d in dims]
+    simple = [simplify(d, bb) for d in dims]
     if all(a.same_as(b) for a, b in zip(dims, simple)):
         return tensor
     return relax.op.reshape(tensor, relax.ShapeExpr(simple))
@@ -667,13 +732,18 @@ def _target_or_fallback(bb, shape) -> relax.Expr:
     (``tensor_to_shape`` and ``match_cast``: a shape computed from data)."""
     dims = dims_of(bb, shape)
     if dims is not None:
-        return relax.ShapeExpr([simplify(d) for d in dims])
+        return relax.ShapeExpr([simplify(d, bb) for d in dims])
     return edgec_ops.shape_with_dims(bb, shape)
 
 
-def _input_dims(data) -> list | None:
+def _input_dims(data, bb: relax.BlockBuilder | None = None) -> list | None:
+    """``data``'s dims, or None; noted on ``bb`` as never negative (``note_dims``)."""
     ty = getattr(data, "ty", None)
-    return list(ty.shape.values) if isinstance(ty, relax.TensorType) and ty.shape is not None else None
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    dims = list(ty.shape.values)
+    note_dims(bb, dims)
+    return dims
 
 
 class Reshape:
@@ -690,9 +760,9 @@ class Reshape:
             if value is not None:
                 return emit(bb, value)
             dims = dims_of(bb, shape) if value_of(bb, shape, derived_only=True) is not None else None
-            in_dims = _input_dims(data)
+            in_dims = _input_dims(data, bb)
             if dims is not None and in_dims is None and not any(_constant(d) == 0 for d in dims):
-                return relax.op.reshape(data, relax.ShapeExpr([simplify(d) for d in dims]))
+                return relax.op.reshape(data, relax.ShapeExpr([simplify(d, bb) for d in dims]))
             if dims is None or in_dims is None:
                 if shape is not None and value_of(bb, shape) is None and in_dims is not None and not isinstance(
                         shape, tvm.ir.GenericConst) and isinstance(getattr(shape, "ty", None), relax.TensorType):
@@ -720,7 +790,7 @@ class Reshape:
                     if k != holes[0]:
                         rest = rest * d
                 out[holes[0]] = tirx.floordiv(total, rest)
-            return relax.op.reshape(data, relax.ShapeExpr([simplify(d) for d in out]))
+            return relax.op.reshape(data, relax.ShapeExpr([simplify(d, bb) for d in out]))
         return convert
 
 
@@ -733,7 +803,7 @@ class Expand:
 
         def convert(bb, inputs, attrs, params):
             data, shape = inputs[0], inputs[1]
-            dims, in_dims = dims_of(bb, shape), _input_dims(data)
+            dims, in_dims = dims_of(bb, shape), _input_dims(data, bb)
             if value_of(bb, shape, derived_only=True) is None and (
                     in_dims is None or all(isinstance(d, tirx.IntImm) for d in in_dims)):
                 return fallback(bb, inputs, attrs, params)
@@ -751,7 +821,7 @@ class Expand:
                 elif d_number == 1 or t_number is not None:
                     out.append(t)
                 else:
-                    out.append(simplify(tirx.max(t, d)))
+                    out.append(simplify(tirx.max(t, d), bb))
             if len(out) == len(_input_dims(data)) and all(
                     analyzer.can_prove_equal(a, b) for a, b in zip(out, _input_dims(data))):
                 return data
@@ -772,7 +842,7 @@ def _with_shape_input(base, index: int, keep_constant: bool = True) -> type:
                 if len(inputs) > index and value_of(bb, inputs[index], derived_only=True) is not None:
                     dims = dims_of(bb, inputs[index])
                     if dims is not None:
-                        dims = [simplify(d) for d in dims]
+                        dims = [simplify(d, bb) for d in dims]
                         inputs = list(inputs)
                         if all(_constant(d) is not None for d in dims):
                             inputs[index] = constant(np.array([_constant(d) for d in dims], np.int64))
@@ -802,7 +872,7 @@ def _resize(base) -> type:
                 sizes = dims_of(bb, inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
                 x = inputs[0]
                 ty = getattr(x, "ty", None)
-                if (sizes is None or all(_constant(simplify(d)) is not None for d in sizes)
+                if (sizes is None or all(_constant(simplify(d, bb)) is not None for d in sizes)
                         or not isinstance(ty, relax.TensorType) or ty.ndim != 4 or len(sizes) != 4
                         or opset < 13):
                     return inner(bb, inputs, attrs, params)
@@ -815,11 +885,11 @@ def _resize(base) -> type:
                 if attrs.get("antialias", 0) or text("keep_aspect_ratio_policy", "stretch") != "stretch" or "axes" in attrs:
                     return inner(bb, inputs, attrs, params)
                 dims = _input_dims(x)
-                if dims is None or not all(tvm.sym.Analyzer().can_prove_equal(a, simplify(b))
+                if dims is None or not all(tvm.sym.Analyzer().can_prove_equal(a, simplify(b, bb))
                                            for a, b in zip(dims[:2], sizes[:2])):
                     return inner(bb, inputs, attrs, params)
                 return relax.op.image.resize2d(
-                    x, size=relax.ShapeExpr([simplify(d) for d in sizes[2:]]), roi=[0.0] * 4, layout="NCHW",
+                    x, size=relax.ShapeExpr([simplify(d, bb) for d in sizes[2:]]), roi=[0.0] * 4, layout="NCHW",
                     method="nearest_neighbor" if mode == "nearest" else mode,
                     coordinate_transformation_mode=text("coordinate_transformation_mode", "half_pixel"),
                     rounding_method=text("nearest_mode", "round_prefer_floor"),
@@ -848,10 +918,10 @@ class Tile:
         def convert(bb, inputs, attrs, params):
             data, repeats = inputs[0], inputs[1]
             reps = dims_of(bb, repeats) if value_of(bb, repeats, derived_only=True) is not None else None
-            in_dims = _input_dims(data)
+            in_dims = _input_dims(data, bb)
             if reps is None or in_dims is None or len(reps) != len(in_dims):
                 return fallback(bb, inputs, attrs, params)
-            out = [simplify(d * r) for d, r in zip(in_dims, reps)]
+            out = [simplify(d * r, bb) for d, r in zip(in_dims, reps)]
             return bb.emit_te(topi.dyn_tile, data, out, len(reps))
         return convert
 
@@ -867,7 +937,7 @@ class Pad:
         def convert(bb, inputs, attrs, params):
             if opset < 11 or value_of(bb, inputs[1], derived_only=True) is None:
                 return fallback(bb, inputs, attrs, params)
-            pads, in_dims = dims_of(bb, inputs[1]), _input_dims(inputs[0])
+            pads, in_dims = dims_of(bb, inputs[1]), _input_dims(inputs[0], bb)
             mode = attrs.get("mode", b"constant")
             mode = mode.decode() if isinstance(mode, bytes) else str(mode)
             if pads is None or in_dims is None or mode != "constant":
@@ -878,8 +948,8 @@ class Pad:
                 return fallback(bb, inputs, attrs, params)
             before, after = [_imm(0, "int64")] * rank, [_imm(0, "int64")] * rank
             for k, axis in enumerate(axes):
-                before[axis % rank] = simplify(pads[k])
-                after[axis % rank] = simplify(pads[k + len(axes)])
+                before[axis % rank] = simplify(pads[k], bb)
+                after[axis % rank] = simplify(pads[k + len(axes)], bb)
             value = 0.0
             if len(inputs) > 2 and inputs[2] is not None:
                 constant = value_of(bb, inputs[2])
@@ -905,16 +975,8 @@ class Pad:
                 if _constant(before[axis]) == 0 and _constant(after[axis]) == 0:
                     continue
                 dim = _input_dims(bb.normalize(data))[axis]
-                length = simplify(before[axis] + dim + after[axis])
-                index = bb.normalize(relax.op.subtract(
-                    relax.op.arange(_imm(0, "int64"), length, _imm(1, "int64"), "int64"),
-                    _scalar_tensor(bb, before[axis])))
-                inside = bb.normalize(relax.op.logical_and(
-                    relax.op.greater_equal(index, relax.const(0, "int64")),
-                    relax.op.less(index, _scalar_tensor(bb, dim))))
-                clipped = bb.normalize(relax.op.maximum(
-                    relax.op.minimum(index, relax.op.subtract(_scalar_tensor(bb, dim), relax.const(1, "int64"))),
-                    relax.const(0, "int64")))
+                length = simplify(before[axis] + dim + after[axis], bb)
+                inside, clipped = _pad_indices(bb, length, before[axis], dim)
                 taken = bb.normalize(relax.op.take(data, clipped, axis=axis))
                 mask = bb.normalize(relax.op.reshape(inside, [length if k == axis else 1 for k in range(rank)]))
                 data = bb.normalize(relax.op.where(mask, taken, fill))
@@ -946,7 +1008,7 @@ class Slice:
             bounds = inputs[1:3]
             if not any(value_of(bb, b, derived_only=True) is not None for b in bounds):
                 return fallback(bb, inputs, attrs, params)
-            in_dims = _input_dims(inputs[0])
+            in_dims = _input_dims(inputs[0], bb)
             starts, ends = dims_of(bb, inputs[1]), dims_of(bb, inputs[2])
             axes = _axes(bb, {}, inputs, 3) if len(inputs) > 3 and inputs[3] is not None else None
             steps = None
@@ -965,17 +1027,17 @@ class Slice:
             out_dims = list(in_dims)
             for axis, s, e, step in zip(axes, starts, ends, steps):
                 dim = in_dims[axis]
-                begin.append(simplify(_clamp(s, dim)))
-                end.append(simplify(_clamp(e, dim)))
+                begin.append(simplify(_clamp(s, dim), bb))
+                end.append(simplify(_clamp(e, dim), bb))
                 # Bounds computed from shapes lie inside the dim in every model that runs (a
                 # position table sliced to seq): state the unclamped extent, which match_cast
                 # checks at run time (an error, never a wrong result, where it does not hold).
                 if _constant(s) is not None and _constant(e) is not None:
                     continue
                 analyzer = tvm.sym.Analyzer()
-                lower, upper = simplify(s), simplify(e)
-                if _nonnegative(lower) and _nonnegative(upper):
-                    out_dims[axis] = simplify(tirx.max(tirx.ceildiv(upper - lower, step), 0))
+                lower, upper = simplify(s, bb), simplify(e, bb)
+                if _nonnegative(lower, bb) and _nonnegative(upper, bb):
+                    out_dims[axis] = simplify(tirx.max(tirx.ceildiv(upper - lower, step), 0), bb)
                     stated = True
             result = bb.normalize(relax.op.strided_slice(
                 inputs[0], axes, begin, end, [_imm(s, "int64") for s in steps], assume_inbound=True))
@@ -987,12 +1049,9 @@ class Slice:
         return convert
 
 
-def _nonnegative(expr: tirx.PrimExpr) -> bool:
-    analyzer = tvm.sym.Analyzer()
-    for var in tirx.analysis.undefined_vars(expr):
-        if _is_int(_dt(var)):
-            analyzer.update(var, tvm.sym.ConstIntBound(0, tvm.sym.ConstIntBound.POS_INF))
-    return analyzer.can_prove(expr >= 0)
+def _nonnegative(expr: tirx.PrimExpr, bb: relax.BlockBuilder | None = None) -> bool:
+    with contextlib.ExitStack() as stack:
+        return _analyzer(expr, bb, stack).can_prove(expr >= 0)
 
 
 def _clamp(index: tirx.PrimExpr, dim: tirx.PrimExpr) -> tirx.PrimExpr:

@@ -36,6 +36,7 @@ class Shape:
             ty = getattr(inputs[0], "ty", None)
             if isinstance(ty, relax.TensorType) and ty.shape is not None:
                 values = list(ty.shape.values)[start:end]
+                shape_values.note_dims(bb, ty.shape.values)
                 return shape_values.emit(bb, shape_values.Value(tuple(values), 1, "int64"))
             result = fallback(bb, inputs, attrs, params)
             if isinstance(getattr(result, "ty", None), relax.ShapeType):
@@ -57,6 +58,7 @@ class Size:
                 return relax.const(np.array(int(np.prod(dims)), np.int64))
             ty = getattr(inputs[0], "ty", None)
             if isinstance(ty, relax.TensorType) and ty.shape is not None:
+                shape_values.note_dims(bb, ty.shape.values)
                 size = tvm.tirx.IntImm("int64", 1)
                 for dim in ty.shape.values:
                     size = size * dim

@@ -341,7 +341,9 @@ class GraphImporter(onnx_frontend.ONNXGraphImporter):
         try:
             converter = self.converters[op_name].get_converter(opset)
             sym = converter(self.bb, inputs, attrs, [self._nodes, self._params])
-            return self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+            sym = self.bb.normalize(sym) if isinstance(sym, relax.Expr) else sym
+            _note_extents(self.bb, sym)
+            return sym
         except NodeError:
             raise
         except Exception as exc:  # the converters raise many types; each names this node now
@@ -355,6 +357,22 @@ class GraphImporter(onnx_frontend.ONNXGraphImporter):
             raise tvm.error.OpNotImplemented(
                 f"The following operators are not supported for frontend ONNX: "
                 f"{', '.join(sorted(unsupported))}")
+
+
+def _note_extents(bb: relax.BlockBuilder, result) -> None:
+    """The extents of a node's result tensors are never negative: shape arithmetic on them
+    simplifies knowing it (``max(L, 0)`` is ``L`` for a conv's output length ``L``, which its
+    vars alone cannot prove; see ``shape_values.note_dims``)."""
+    from edgec.compiler.importer.converters import shape_values
+
+    ty = getattr(result, "ty", None)
+    if isinstance(ty, relax.TupleType):
+        types = list(ty.fields)
+    else:
+        types = [ty]
+    for field in types:
+        if isinstance(field, relax.TensorType) and isinstance(field.shape, relax.ShapeExpr):
+            shape_values.note_dims(bb, field.shape.values)
 
 
 def import_graph(proto: onnx.ModelProto, converters: Mapping[str, Any]) -> tvm.IRModule:
