@@ -1034,7 +1034,6 @@ class Slice:
                 # checks at run time (an error, never a wrong result, where it does not hold).
                 if _constant(s) is not None and _constant(e) is not None:
                     continue
-                analyzer = tvm.sym.Analyzer()
                 lower, upper = simplify(s, bb), simplify(e, bb)
                 if _nonnegative(lower, bb) and _nonnegative(upper, bb):
                     out_dims[axis] = simplify(tirx.max(tirx.ceildiv(upper - lower, step), 0), bb)

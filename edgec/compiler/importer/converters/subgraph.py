@@ -25,6 +25,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from edgec.compiler.importer.converters import shape_values
 from edgec.core.model import subgraphs
 
 INT64_SCALAR = relax.TensorType((), "int64")
@@ -363,8 +364,6 @@ def _note_extents(bb: relax.BlockBuilder, result) -> None:
     """The extents of a node's result tensors are never negative: shape arithmetic on them
     simplifies knowing it (``max(L, 0)`` is ``L`` for a conv's output length ``L``, which its
     vars alone cannot prove; see ``shape_values.note_dims``)."""
-    from edgec.compiler.importer.converters import shape_values
-
     ty = getattr(result, "ty", None)
     if isinstance(ty, relax.TupleType):
         types = list(ty.fields)

@@ -10,9 +10,8 @@ from typing import Callable
 
 import numpy as np
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 
-from edgec.compiler.ir import static_shape
 
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")

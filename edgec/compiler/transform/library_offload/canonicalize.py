@@ -8,12 +8,11 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgec.compiler.ir import constant
+from edgec.compiler.ir import constant, static_shape
 from edgec.compiler.transform.library_offload.analysis import (_Analysis, _BATCH_NORM,
                                                                _BROADCAST_TO, _DROPOUT, _float32,
                                                                _Group, _is_call, _same_shape,
-                                                               _STACK, _SUM, constant_value,
-                                                               static_shape)
+                                                               _STACK, _SUM, constant_value)
 
 
 def _canonical_groups(analysis: _Analysis) -> list[_Group]:

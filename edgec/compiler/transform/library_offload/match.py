@@ -9,10 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import relax
 
-from edgec.compiler.transform.library_offload.rules import FLAG_RELU, DispatchRules, DispatchStats
-from edgec.compiler.transform.library_offload.analysis import (
-    _ADD, _CONV2D, _DIVIDE, _MATMUL, _MULTIPLY, _RELU, _SUBTRACT, _Analysis, _Binding, _float32,
-    _Group, _is_call, _per_channel, _same_shape, constant_value, static_shape, weight_id)
+from edgec.compiler.ir import static_shape
+from edgec.compiler.transform.library_offload.analysis import (_ADD, _Analysis, _Binding, _CONV2D,
+                                                               _DIVIDE, _float32, _Group, _is_call,
+                                                               _MATMUL, _MULTIPLY, _per_channel,
+                                                               _RELU, _same_shape, _SUBTRACT,
+                                                               constant_value, weight_id)
+from edgec.compiler.transform.library_offload.rules import DispatchRules, DispatchStats, FLAG_RELU
 
 
 @dataclass
