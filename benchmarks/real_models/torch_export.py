@@ -140,7 +140,9 @@ def hf_encoder(cls_name, config_name, config, with_mask=True, key="last_hidden_s
     return build
 
 
-def hf_audio(cls_name, config_name, config):
+def hf_single_input(cls_name, config_name, config, keyword):
+    """A transformers model from its config, taking one tensor by ``keyword`` (``input_values``
+    for audio, ``pixel_values`` for vision) and returning its last hidden state."""
     def build():
         import torch
         import transformers
@@ -154,30 +156,18 @@ def hf_audio(cls_name, config_name, config):
                 super().__init__()
                 self.m = m
 
-            def forward(self, input_values):
-                return self.m(input_values=input_values).last_hidden_state
+            def forward(self, x):
+                return self.m(**{keyword: x}).last_hidden_state
         return Wrap(model).eval()
     return build
+
+
+def hf_audio(cls_name, config_name, config):
+    return hf_single_input(cls_name, config_name, config, "input_values")
 
 
 def hf_vision(cls_name, config_name, config):
-    def build():
-        import torch
-        import transformers
-
-        _seed()
-        cfg = getattr(transformers, config_name)(**config)
-        model = getattr(transformers, cls_name)(cfg).eval()
-
-        class Wrap(torch.nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, pixel_values):
-                return self.m(pixel_values=pixel_values).last_hidden_state
-        return Wrap(model).eval()
-    return build
+    return hf_single_input(cls_name, config_name, config, "pixel_values")
 
 
 GPT2_CFG = dict(vocab_size=1000, n_positions=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0,
