@@ -142,8 +142,6 @@ def _tvm_lowering(kind: str):
 def prepare_passes(backend: Backend, target: Target, options: Options, record: Record) -> list:
     """The Relax rewrites before TVM legalizes: what edgec decides about the program."""
     passes = [UniqueVars]
-    if backend.fast_math:
-        passes.append(FastMath)
     rules = backend.library_rules(target)
     quantized = options.quantized
     int8 = quantized is not None and quantized.mode != "fp16"
@@ -155,6 +153,8 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
             rules = replace(rules, dense_min_macs=0)
         passes += [library_offload.Canonicalize(), library_offload.Offload(rules),
                    library_offload.PropagateLayout(rules)]
+    if backend.fast_math:  # after the offload: its activation patterns read erf and sigmoid
+        passes.append(FastMath)
     if int8:
         if not backend.int8:
             raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's (x86) "
