@@ -452,3 +452,53 @@ def test_grouped_conv_runs_ungrouped_where_onednn_has_no_direct_kernel(monkeypat
     assert not any("gemm" in line for line in convs)
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(proto, {"x": x}),
                                rtol=1e-4, atol=1e-4)
+
+
+def conv1d_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 8, length] -> strided, dilated 1-D convs with bias, GELU and a residual relu."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weight(rng, 16, 8, 3), "b1": _weight(rng, 16, scale=0.1),
+             "w2": _weight(rng, 16, 16, 5), "w3": _weight(rng, 16, 16, 1),
+             "sqrt2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.float32),
+             "half": np.array(0.5, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[2, 2], dilations=[2]),
+        helper.make_node("Div", ["c1", "sqrt2"], ["g1"]),
+        helper.make_node("Erf", ["g1"], ["g2"]),
+        helper.make_node("Add", ["g2", "one"], ["g3"]),
+        helper.make_node("Mul", ["c1", "g3"], ["g4"]),
+        helper.make_node("Mul", ["g4", "half"], ["h1"]),
+        helper.make_node("Conv", ["h1", "w2"], ["c2"], pads=[2, 2], strides=[2]),
+        helper.make_node("Conv", ["c2", "w3"], ["c3"]),
+        helper.make_node("Add", ["c3", "c2"], ["s3"]),
+        helper.make_node("Relu", ["s3"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8, "length"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, "out_length"])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_1d_convolutions_become_library_calls_over_a_height_of_one():
+    mod = import_model(from_proto(conv1d_model(), "conv1d"))
+    out, stats = dispatch_with_stats(mod, DispatchRules(block=0))
+    assert stats.calls == {"edgec_dnnl_conv2d": 2, "edgec_dnnl_conv2d_add": 1}
+    assert "R.nn.conv1d" not in out.script(show_meta=False)
+
+
+@needs_dnnl
+def test_compiled_1d_convolutions_match_onnxruntime(monkeypatch, tmp_path):
+    proto = conv1d_model()
+    rng = np.random.default_rng(4)
+    profiled = [Sample(f"s{i}", {"x": rng.standard_normal((1, 8, 40)).astype(np.float32)})
+                for i in range(3)]
+    model = _compile(proto, "conv1d", profiled, monkeypatch, 16, tmp_path)
+    for batch, length in ((1, 40), (2, 23)):  # the specialization, then the symbolic fallback
+        x = rng.standard_normal((batch, 8, length)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-4, atol=1e-4)

@@ -14,6 +14,7 @@ from tvm import relax
 
 
 
+_CONV1D = tvm.ir.Op.get("relax.nn.conv1d")
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 _BATCH_NORM = tvm.ir.Op.get("relax.nn.batch_norm")
 _ADD = tvm.ir.Op.get("relax.add")

@@ -10,8 +10,8 @@ import numpy as np
 from tvm import relax
 
 from edgec.compiler.ir import static_shape
-from edgec.compiler.transform.library_offload.analysis import (_ADD, _Analysis, _Binding, _CONV2D,
-                                                               _DIVIDE, _float32, _Group, _is_call,
+from edgec.compiler.transform.library_offload.analysis import (_ADD, _Analysis, _Binding, _CONV1D,
+                                                               _CONV2D, _DIVIDE, _float32, _Group, _is_call,
                                                                _MATMUL, _MULTIPLY, _per_channel,
                                                                _RELU, _same_shape, _SUBTRACT,
                                                                constant_value, weight_id)
@@ -83,33 +83,48 @@ def _epilogue(analysis: _Analysis, head: relax.Var, channels: int, rank: int, ax
 
 def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
                 taken: set[relax.Var], stats: DispatchStats) -> _Group | None:
+    """A 2-D convolution, or a 1-D one (NCW) run as 2-D over [N, C, 1, W], with its epilogue."""
     call = binding.value
     attrs = call.attrs
     data, weight = call.args
     w = constant_value(weight)
-    if (w is None or w.dtype != np.float32 or w.ndim != 4 or not _float32(data)
-            or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW"
-            or attrs.out_layout != "NCHW" or attrs.out_dtype not in (None, "", "float32")
-            or data.ty.ndim != 4):
+    one_d = _is_call(call, _CONV1D)
+    rank = 3 if one_d else 4
+    layouts = ("NCW", "OIW", "NCW") if one_d else ("NCHW", "OIHW", "NCHW")
+    if (w is None or w.dtype != np.float32 or w.ndim != rank or not _float32(data)
+            or (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != layouts
+            or attrs.out_dtype not in (None, "", "float32") or data.ty.ndim != rank):
         return None
     out_channels = w.shape[0]
-    ep = _epilogue(analysis, binding.var, out_channels, 4, 1, residual=True, taken=taken)
-    weight_folded = (w * ep.scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+    ep = _epilogue(analysis, binding.var, out_channels, rank, 1, residual=True, taken=taken)
+    weight_folded = (w * ep.scale.reshape((-1,) + (1,) * (rank - 1))).astype(np.float32)
     bias = ep.shift.astype(np.float32)
+    strides, padding, dilation = ([int(v) for v in a] for a in (attrs.strides, attrs.padding,
+                                                                 attrs.dilation))
+    if one_d:  # H of extent 1: stride and dilation 1, no padding
+        weight_folded = weight_folded[:, :, None, :]
+        strides, dilation = [1, *strides], [1, *dilation]
+        padding = [0, padding[0], 0, padding[1]]
     groups = int(attrs.groups)
     wid = weight_id(weight_folded)
-    ints = [*attrs.strides, *attrs.padding, *attrs.dilation, groups,
-            FLAG_RELU if ep.relu else 0, wid]
+    ints = [*strides, *padding, *dilation, groups, FLAG_RELU if ep.relu else 0, wid]
     name = rules.symbol("conv2d_add" if ep.residual is not None else "conv2d")
     out_ty = ep.tail.ty
+    if one_d:
+        n, c, width = out_ty.shape.values
+        out_ty = relax.TensorType([n, c, 1, width], "float32")
     stats.add(name)
 
     def build(visit, emit, residual=ep.residual):
-        args = [visit(data), relax.const(weight_folded), relax.const(bias)]
+        def operand(x):
+            return emit(relax.op.expand_dims(visit(x), [2])) if one_d else visit(x)
+
+        args = [operand(data), relax.const(weight_folded), relax.const(bias)]
         if residual is not None:
-            args.append(visit(residual))
+            args.append(operand(residual))
         args += [relax.prim_value(int(v)) for v in ints]
-        return relax.call_dps_packed(name, args, out_ty)
+        out = relax.call_dps_packed(name, args, out_ty)
+        return relax.op.squeeze(emit(out), [2]) if one_d else out
 
     return _Group(tail=ep.tail, drop=ep.drop, build=build)
 
@@ -154,7 +169,7 @@ def _library_groups(analysis: _Analysis, rules: DispatchRules,
         if var in taken:
             continue
         group = None
-        if rules.conv2d and _is_call(binding.value, _CONV2D):
+        if rules.conv2d and any(_is_call(binding.value, op) for op in (_CONV2D, _CONV1D)):
             group = _conv_group(analysis, binding, rules, taken, stats)
         elif rules.dense and _is_call(binding.value, _MATMUL):
             group = _dense_group(analysis, binding, rules, taken, stats)
