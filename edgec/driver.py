@@ -23,7 +23,8 @@ import numpy as np
 from edgec import runtime
 from edgec.compiler.backends import backend_for
 from edgec.core import remote
-from edgec.core.model import Model
+from edgec.core.model import Model, from_proto
+from edgec.core.sequences import flatten as flatten_structured
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target, default_target
@@ -89,6 +90,8 @@ def compile(model: Model, samples: Sequence[Sample],  # noqa: A001 - edgec.compi
     option on ``samples`` before planning. Raises EdgecError subclasses with one-line messages.
     """
     settings.check()
+    if model.structured:
+        return _compile_structured(model, samples, targets, settings, held_out)
     if targets:
         targets, chosen = list(targets), "given"
     else:
@@ -123,6 +126,23 @@ def compile(model: Model, samples: Sequence[Sample],  # noqa: A001 - edgec.compi
                     "fallback": {"from": the_plan.summary(), "reason": str(failure)}}
         return Compiled(prof, simple, quant, Artifact(manifest, artifact.files), chosen, (note,))
     raise failure
+
+
+def _compile_structured(model: Model, samples: Sequence[Sample], targets: Sequence[Target] | None,
+                        settings: CompileSettings, held_out: Sequence[Sample] | None) -> Compiled:
+    """``compile`` for a model with sequence or optional inputs or outputs: compiled as the
+    tensor-only model they resolve to for the samples, the manifest recording the mapping."""
+    if model.kind != "onnx":
+        raise ModelError("sequence and optional values are supported for ONNX models only")
+    every = list(samples) + list(held_out or [])
+    flat = flatten_structured(model.proto, [s.arrays for s in every])
+    tensor_model = from_proto(flat.proto, model.name, model.path)
+    flat_samples = [Sample(s.name, arrays) for s, arrays in zip(every, flat.samples)]
+    compiled = compile(tensor_model, flat_samples[:len(samples)], targets, settings,
+                       flat_samples[len(samples):] if held_out is not None else None)
+    manifest = {**compiled.artifact.manifest, "boundary": flat.boundary,
+                "model": {**compiled.artifact.manifest["model"], "sha256": model.sha256}}
+    return replace(compiled, artifact=Artifact(manifest, compiled.artifact.files))
 
 
 def _build(model: Model, the_plan: Plan, targets: list[Target], quant: Quantization,

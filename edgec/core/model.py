@@ -19,7 +19,7 @@ from onnx import helper
 
 from edgec.core.dims import unify_dims
 from edgec.errors import InputFileError, ModelError
-from edgec.runtime.signature import Dim, TensorSpec
+from edgec.runtime.signature import Dim, TensorSpec, ValueSpec
 
 CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 
@@ -38,6 +38,11 @@ class Model:
     path: str = ""
     # The torch.export.ExportedProgram of a PyTorch program (then ``proto`` is None).
     program: Any = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether an input or output is a sequence or an optional (see edgec.core.sequences)."""
+        return any(isinstance(spec, ValueSpec) for spec in self.inputs + self.outputs)
 
     @property
     def kind(self) -> str:
@@ -76,7 +81,19 @@ def tensor_dtype(elem_type: int) -> str:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
-def _spec_of(value: onnx.ValueInfoProto, where: str) -> TensorSpec:
+def _spec_of(value: onnx.ValueInfoProto, where: str) -> TensorSpec | ValueSpec:
+    for kind in ("sequence", "optional"):
+        if value.type.HasField(f"{kind}_type"):
+            element = value.type
+            while not element.HasField("tensor_type"):
+                inner = element.sequence_type if element.HasField("sequence_type") else element.optional_type
+                if not inner.HasField("elem_type"):
+                    raise ModelError(f"{where} '{value.name}' is a {kind} of unsupported elements")
+                element = inner.elem_type
+            try:
+                return ValueSpec(value.name, kind, tensor_dtype(element.tensor_type.elem_type))
+            except (KeyError, TypeError, ValueError):
+                raise ModelError(f"{where} '{value.name}' is a {kind} of unsupported element type") from None
     if not value.type.HasField("tensor_type"):
         raise ModelError(f"{where} '{value.name}' is not a tensor; edgec supports tensor inputs and outputs")
     ttype = value.type.tensor_type
@@ -250,6 +267,7 @@ def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> M
     bounds = index_bounds(proto)
     inputs = tuple(
         TensorSpec(spec.name, spec.dtype, spec.dims, bounds.get(spec.name))
+        if isinstance(spec, TensorSpec) else spec
         for spec in (_spec_of(v, "input") for v in proto.graph.input)
     )
     outputs = tuple(_spec_of(v, "output") for v in proto.graph.output)

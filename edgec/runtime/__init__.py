@@ -25,7 +25,7 @@ from edgec.errors import ArtifactError, OutputFileError, SamplesError, Toolchain
 from edgec.runtime import dtypes
 from edgec.runtime.artifact import Artifact
 from edgec.runtime.linked import bind_linked_functions
-from edgec.runtime.signature import TensorSpec, bind_inputs
+from edgec.runtime.signature import TensorSpec, bind_inputs, flatten_inputs, group_outputs
 
 __all__ = ["Model", "load", "host_arch", "TensorSpec"]
 
@@ -193,6 +193,9 @@ class Model:
         Inputs are checked against the manifest first: names, dtypes, ranks, fixed dims, and
         symbolic dims shared between inputs.
         """
+        boundary = self.manifest.get("boundary")
+        if boundary is not None:  # sequences and optionals: lists and Nones over tensor inputs
+            inputs = flatten_inputs(boundary, inputs, self._where, SamplesError)
         bind_inputs(self.inputs, inputs, self._where, SamplesError)
         result = self._main(*self.to_device_args(inputs))
         values = _flatten(result)
@@ -202,7 +205,8 @@ class Model:
             )
         if self.device != "cpu":
             values = [_copy_to(self._ffi, value, self._ffi.device("cpu", 0)) for value in values]
-        return {spec.name: _to_numpy(self._ffi, value) for spec, value in zip(self.outputs, values)}
+        outputs = {spec.name: _to_numpy(self._ffi, value) for spec, value in zip(self.outputs, values)}
+        return outputs if boundary is None else group_outputs(boundary, outputs)
 
     def raw_call(self, args: list[Any]) -> Any:
         """Call the VM's ``main`` on already-converted ``tvm_ffi`` tensors (for overhead measurement)."""

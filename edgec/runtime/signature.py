@@ -55,6 +55,82 @@ class TensorSpec:
         return np.array(self.fixed_value, dtype=self.dtype).reshape(self.fixed_shape)
 
 
+@dataclass(frozen=True)
+class ValueSpec:
+    """A sequence or optional graph input/output (``kind``), of tensors of ``dtype``.
+
+    The compiler resolves these to tensors for what the samples show (edgec.core.sequences); the
+    artifact's manifest records the mapping under ``boundary``, read by ``flatten_inputs`` and
+    ``group_outputs``.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    dims: tuple[Dim, ...] = ()  # none of its own: its elements have dims
+
+
+def flatten_inputs(boundary: dict, inputs: Mapping[str, object], where: str,
+                   error: type[Exception]) -> dict[str, np.ndarray]:
+    """A call's inputs (lists for sequences, None for an absent optional) as the artifact's
+    tensor inputs; refuses a length, a presence or a fixed value it was not compiled for."""
+    flat: dict[str, np.ndarray] = {}
+    for record in boundary["inputs"]:
+        name = record["name"]
+        if name not in inputs:
+            expected = ", ".join(r["name"] for r in boundary["inputs"])
+            raise error(f"{where}: missing {name}; the model's inputs are {expected}")
+        value = inputs[name]
+        if record["kind"] == "tensor":
+            fixed = boundary.get("fixed", {}).get(name)
+            if fixed is not None:
+                want = np.array(fixed["value"], dtype=fixed["dtype"]).reshape(fixed["shape"])
+                array = np.asarray(value)
+                if array.shape != want.shape or not np.array_equal(array, want):
+                    raise error(f"{where}: input '{name}' is {_brief(array)}, the artifact was compiled "
+                                f"for {_brief(want)} (its value in every profiled sample; it decides "
+                                f"a sequence's structure); recompile with samples that cover this value")
+            flat[name] = value
+            continue
+        tensors = record["tensors"]
+        compiled = ("absent" if tensors is None else
+                    f"a list of {len(tensors)}" if record.get("sequence") else "a tensor")
+        if value is None:
+            given = "absent (None)"
+        elif isinstance(value, (list, tuple)):
+            given = f"a list of {len(value)}"
+        else:
+            given = "a tensor"
+        if given.split(" (")[0] != compiled:
+            raise error(f"{where}: {record['kind']} input '{name}' is {given}, the artifact was compiled "
+                        f"for {compiled} (every profiled sample); recompile with samples that show "
+                        f"this length")
+        if tensors:
+            flat.update(zip(tensors, value if isinstance(value, (list, tuple)) else [value]))
+    extra = sorted(set(inputs) - {r["name"] for r in boundary["inputs"]})
+    if extra:
+        raise error(f"{where}: unexpected {', '.join(extra)}; the model's inputs are "
+                    f"{', '.join(r['name'] for r in boundary['inputs'])}")
+    return flat
+
+
+def group_outputs(boundary: dict, flat: Mapping[str, np.ndarray]) -> dict[str, object]:
+    """The artifact's tensor outputs regrouped as the model's: lists for sequences, None for an
+    absent optional."""
+    outputs: dict[str, object] = {}
+    for record in boundary["outputs"]:
+        tensors = record.get("tensors")
+        if record["kind"] == "tensor":
+            outputs[record["name"]] = flat[record["name"]]
+        elif tensors is None:
+            outputs[record["name"]] = None
+        elif record.get("sequence"):
+            outputs[record["name"]] = [flat[t] for t in tensors]
+        else:
+            outputs[record["name"]] = flat[tensors[0]]
+    return outputs
+
+
 def bind_inputs(
     specs: tuple[TensorSpec, ...] | list[TensorSpec],
     arrays: Mapping[str, np.ndarray],
@@ -76,6 +152,8 @@ def bind_inputs(
     bound: dict[str, int] = {}
     for spec in specs:
         array = arrays[spec.name]
+        if isinstance(spec, ValueSpec):  # checked against what the samples show when compiled
+            continue
         if not isinstance(array, np.ndarray):
             raise error(f"{where}: input '{spec.name}' is a {type(array).__name__}, not a numpy array")
         if array.dtype != spec.dtype:  # not dtype.name, which numpy rebuilds on every access

@@ -35,22 +35,28 @@ from edgec.fileio import write_text
 STATUSES = ("pass", "fail", "error", "crash", "timeout")
 
 
-def run(model: onnx.ModelProto, inputs: list[np.ndarray], target: str = "x86_64") -> list[np.ndarray]:
-    """Compile ``model`` through the normal pipeline and run it on ``inputs`` (graph input order).
+def run(model: onnx.ModelProto, inputs: list, target: str = "x86_64") -> list:
+    """Compile ``model`` through the normal pipeline and run it on ``inputs`` (graph input order;
+    a list for a sequence, None for an absent optional).
 
     Raises EdgecError subclasses for what edgec cannot handle (an unsupported op, say).
     """
     loaded = from_proto(model, "conformance")
     if len(inputs) != len(loaded.inputs):
         raise SamplesError(f"{len(inputs)} inputs given, the model takes {len(loaded.inputs)}")
-    arrays = {spec.name: np.asarray(value) for spec, value in zip(loaded.inputs, inputs)}
+    arrays = {spec.name: value for spec, value in zip(loaded.inputs, inputs)}
     sample = Sample("inputs", arrays)
     the_target = load_target(target)
     artifact = compile_model(loaded, [sample], [the_target]).artifact
     with tempfile.TemporaryDirectory(prefix="edgec-conformance-") as tmp:
         path = artifact.save(Path(tmp) / "case.edgec")
         outputs = runtime.load(path).run(arrays)
-    return [np.array(outputs[spec.name]) for spec in loaded.outputs]
+    return [_output(outputs[spec.name]) for spec in loaded.outputs]
+
+
+def _output(value):
+    return [np.array(v) for v in value] if isinstance(value, list) else (
+        None if value is None else np.array(value))
 
 
 @dataclass(frozen=True)
@@ -67,11 +73,16 @@ class CaseResult:
                 "seconds": round(self.seconds, 2)}
 
 
-def _to_array(value) -> np.ndarray:
+def _to_array(value):
+    """A case's value as numpy: an array, a list of them for a sequence, None for an empty optional."""
     if isinstance(value, onnx.TensorProto):
         return numpy_helper.to_array(value)
-    if isinstance(value, (list, dict)) or value is None:
-        raise EdgecError(f"input of type {type(value).__name__} (sequence/map/optional) is not supported")
+    if isinstance(value, list):
+        return [_to_array(v) for v in value]
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        raise EdgecError("input of type dict (map) is not supported")
     return np.asarray(value)
 
 
@@ -80,22 +91,29 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind in "fc" or "float" in dtype.name
 
 
-def _compare(got: list[np.ndarray], expected: list[np.ndarray], rtol: float, atol: float) -> str:
+def _compare(got: list, expected: list, rtol: float, atol: float, what: str = "output") -> str:
     """Empty when every output matches within the case's tolerances, else what differs."""
     if len(got) != len(expected):
-        return f"{len(got)} outputs, expected {len(expected)}"
+        return f"{len(got)} {what}s, expected {len(expected)}"
     for index, (actual, reference) in enumerate(zip(got, expected)):
+        if isinstance(reference, list) or isinstance(actual, list) or reference is None or actual is None:
+            if type(actual) is not type(reference):
+                return f"{what} {index} is {type(actual).__name__}, expected {type(reference).__name__}"
+            problem = _compare(actual, reference, rtol, atol, f"{what} {index} element") if actual else ""
+            if problem:
+                return problem
+            continue
         if actual.shape != reference.shape:
-            return f"output {index} shape {list(actual.shape)}, expected {list(reference.shape)}"
+            return f"{what} {index} shape {list(actual.shape)}, expected {list(reference.shape)}"
         if _is_float(reference.dtype) or _is_float(actual.dtype):
             try:
                 np.testing.assert_allclose(actual.astype(np.float64), reference.astype(np.float64),
                                            rtol=rtol, atol=atol, equal_nan=True)
             except AssertionError:
                 diff = np.nanmax(np.abs(actual.astype(np.float64) - reference.astype(np.float64)))
-                return f"output {index} differs (max abs {diff:.3g}, rtol {rtol}, atol {atol})"
+                return f"{what} {index} differs (max abs {diff:.3g}, rtol {rtol}, atol {atol})"
         elif not np.array_equal(actual, reference):
-            return f"output {index} differs"
+            return f"{what} {index} differs"
     return ""
 
 

@@ -466,3 +466,17 @@ def test_padded_buckets_match_onnxruntime(host, tmp_path):
         ids = (np.arange(length, dtype=np.int64) * 5 % bucketed.TAGGER_VOCAB)[None, :]
         got = run_host(host, path, {"input_ids": ids}, tmp_path / str(length))
         assert_outputs_match(got, reference.run({"input_ids": ids}), 1e-4)
+
+
+def test_sequence_artifact_is_refused_in_one_line(host, tmp_path):
+    """The sequence/optional boundary is mapped by the Python runtime only: the host says so."""
+    import edgec
+    from core.test_sequences import _lists, _seq_model
+    from edgec.core.model import from_proto
+    from edgec.core.samples import Sample
+
+    model = from_proto(_seq_model(), "seq")
+    path = edgec.compile(model, [Sample("s", {"xs": _lists(0, 2)})]).artifact.save(
+        tmp_path / "seq.edgec")
+    code, stderr = host_error(host, [str(path), "--info"])
+    assert code != 0 and "sequences or optionals" in stderr and "\n" not in stderr

@@ -1024,6 +1024,13 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
                 w + " has an invalid format_version " + std::to_string(v) + "; rebuild it");
   }
   artifact.format_version_ = static_cast<int>(v);
+  if (Get(*manifest, "boundary")) {
+    // Sequence and optional inputs/outputs map to tensors in the Python runtime only.
+    throw Error(ErrorKind::kArtifact,
+                w + " takes or returns sequences or optionals, which this C++ runtime does not "
+                    "map; run it with the Python runtime (edgec.runtime) or export a model with "
+                    "tensor inputs and outputs");
+  }
   auto libraries = Get(*manifest, "libraries")->try_cast<JsonObject>();
   if (!libraries || libraries->empty()) {
     throw Error(ErrorKind::kArtifact, w + " lists no libraries; rebuild it");
