@@ -1,0 +1,72 @@
+"""edgec's converters for tensor ops TVM has none for (converters/tensor_ops.py): each compiled
+once with symbolic dims (the symbolic plan), run at the sample shapes and at one it did not see,
+and compared with onnxruntime."""
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+import edgec
+from edgec import runtime
+from edgec.core.model import from_proto
+from edgec.core.samples import Sample
+from edgec.errors import ModelError
+from edgec.stages.plan import PlanSettings
+
+
+def _model(node, inputs, outputs, opset=26):
+    graph = h.make_graph([node], "g", inputs, outputs)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    model.ir_version = 13
+    return model
+
+
+def _check(model, samples, unseen=(), rtol=1e-5, atol=1e-5):
+    """Compile ``model`` on ``samples`` as one symbolic program and compare every output with
+    onnxruntime's on each sample and on the ``unseen`` feeds."""
+    compiled = edgec.compile(from_proto(model, "case"), [Sample(f"s{k}", s) for k, s in enumerate(samples)],
+                             settings=edgec.CompileSettings(plan=PlanSettings("symbolic")))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = runtime.load(compiled.artifact.save(Path(tmp) / "case.edgec"))
+        for feed in [*samples, *unseen]:
+            got = loaded.run(feed)
+            for spec, want in zip(session.get_outputs(), session.run(None, feed)):
+                value = np.asarray(got[spec.name])
+                assert value.dtype == want.dtype and value.shape == want.shape, spec.name
+                if want.dtype.kind == "f":
+                    np.testing.assert_allclose(value, want, rtol=rtol, atol=atol, err_msg=spec.name)
+                else:
+                    np.testing.assert_array_equal(value, want, err_msg=spec.name)
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# BitCast ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source, target", [(T.FLOAT, T.INT32), (T.INT32, T.FLOAT), (T.DOUBLE, T.INT64),
+                                            (T.UINT16, T.INT16), (T.INT8, T.UINT8), (T.FLOAT16, T.UINT16)])
+def test_bitcast_reads_the_bytes_as_the_other_type(source, target):
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    node = h.make_node("BitCast", ["x"], ["y"], to=target)
+    model = _model(node, [h.make_tensor_value_info("x", source, ["batch", 3])],
+                   [h.make_tensor_value_info("y", target, ["batch", 3])])
+    dtype = tensor_dtype_to_np_dtype(source)
+    values = lambda n: (_rng(n).standard_normal((n, 3)) * 100).astype(dtype)  # noqa: E731
+    _check(model, [{"x": values(2)}, {"x": values(4)}], unseen=[{"x": values(5)}])
+
+
+def test_bitcast_between_widths_is_a_one_line_error():
+    node = h.make_node("BitCast", ["x"], ["y"], to=T.INT64, name="cast")
+    model = _model(node, [h.make_tensor_value_info("x", T.FLOAT, [2])],
+                   [h.make_tensor_value_info("y", T.INT64, [2])])
+    with pytest.raises(ModelError, match="BitCast needs types of one bit width"):
+        edgec.compile(from_proto(model, "case"), [Sample("s", {"x": np.zeros(2, np.float32)})])
