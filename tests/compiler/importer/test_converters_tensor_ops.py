@@ -70,3 +70,47 @@ def test_bitcast_between_widths_is_a_one_line_error():
                    [h.make_tensor_value_info("y", T.INT64, [2])])
     with pytest.raises(ModelError, match="BitCast needs types of one bit width"):
         edgec.compile(from_proto(model, "case"), [Sample("s", {"x": np.zeros(2, np.float32)})])
+
+
+# Col2Im -------------------------------------------------------------------------------------
+
+def _constant(name, value):
+    from onnx import numpy_helper
+
+    return h.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, np.int64)))
+
+
+@pytest.mark.parametrize("image, block, attrs", [
+    ([6, 7], [2, 3], {"strides": [2, 1], "pads": [1, 0, 0, 2], "dilations": [2, 1]}),
+    ([5, 5], [3, 3], {"strides": [2, 2]}),
+    ([3, 4, 5], [1, 2, 3], {"pads": [0, 1, 0, 0, 0, 1]}),
+])
+def test_col2im_sums_the_blocks_back_into_the_image(image, block, attrs):
+    spatial = len(image)
+    pads = attrs.get("pads", [0] * 2 * spatial)
+    strides, dilations = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
+    length = int(np.prod([(image[d] + pads[d] + pads[d + spatial] - dilations[d] * (block[d] - 1) - 1)
+                          // strides[d] + 1 for d in range(spatial)]))
+    kernel = int(np.prod(block))
+    graph = h.make_graph([_constant("image", image), _constant("block", block),
+                          h.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, ["batch", 2 * kernel, length])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["batch", 2, *image])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+    x = lambda n: _rng(n).standard_normal((n, 2 * kernel, length)).astype(np.float32)  # noqa: E731
+    _check(model, [{"x": x(1)}, {"x": x(3)}], unseen=[{"x": x(2)}])
+
+
+def test_col2im_with_an_image_shape_known_only_at_run_time_is_a_one_line_error():
+    graph = h.make_graph([h.make_node("Col2Im", ["x", "image", "block"], ["y"], name="c2i")], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 9]),
+                          h.make_tensor_value_info("image", T.INT64, [2]),
+                          h.make_tensor_value_info("block", T.INT64, [2])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 1, 4, 4])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+    samples = [Sample(f"s{k}", {"x": np.zeros((1, 4, 9), np.float32), "image": np.array([4, 4 + k]),
+                                "block": np.array([2, 2])}) for k in range(2)]
+    with pytest.raises(ModelError, match="image_shape must be known at compile time"):
+        edgec.compile(from_proto(model, "case"), samples)

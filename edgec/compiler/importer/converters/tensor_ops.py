@@ -51,3 +51,74 @@ class BitCast:
                 return x
             return bb.emit_te(topi.reinterpret, x, target)
         return convert
+
+
+def _constant_ints(expr, what: str, name: str) -> list[int]:
+    """The values of a constant integer tensor (a constant or an input the plan fixed)."""
+    if isinstance(expr, relax.ShapeExpr) and all(isinstance(v, tvm.tirx.IntImm) for v in expr.values):
+        return [int(v) for v in expr.values]
+    if not isinstance(expr, tvm.ir.GenericConst):
+        raise ValueError(f"{name}: {what} must be known at compile time (a constant or a fixed input)")
+    return [int(v) for v in np.asarray(expr.value.numpy()).reshape(-1)]
+
+
+def _flat_index(indices, extents):
+    """Row-major flat index of ``indices`` in a box of ``extents``."""
+    flat = indices[0]
+    for index, extent in zip(indices[1:], extents[1:]):
+        flat = flat * extent + index
+    return flat
+
+
+class Col2Im:
+    """ONNX Col2Im: [N, C * prod(block), L] columns summed back into an [N, C, *image] image,
+    any number of spatial dims. Each image element gathers the kernel offsets whose block lands
+    on it (a reduction over the block, no scatter). ``image_shape`` and ``block_shape`` must be
+    known at compile time; N and C may be symbolic."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            data = inputs[0]
+            name = _name(attrs, "Col2Im")
+            image = _constant_ints(inputs[1], "image_shape", name)
+            block = _constant_ints(inputs[2], "block_shape", name)
+            spatial = len(image)
+            if len(block) != spatial or data.ty.ndim != 3:
+                raise ValueError(f"{name}: needs a 3-D input and image_shape and block_shape of one "
+                                 f"length, got rank {data.ty.ndim}, {image} and {block}")
+            dilations = list(attrs.get("dilations", [1] * spatial))
+            strides = list(attrs.get("strides", [1] * spatial))
+            pads = list(attrs.get("pads", [0] * 2 * spatial))
+            blocks = [(image[d] + pads[d] + pads[d + spatial] - dilations[d] * (block[d] - 1) - 1)
+                      // strides[d] + 1 for d in range(spatial)]
+            if any(b < 1 for b in blocks):
+                raise ValueError(f"{name}: no sliding block fits image {image} with block {block}")
+            length = data.ty.shape.values[2]
+            if isinstance(length, tvm.tirx.IntImm) and int(length) != int(np.prod(blocks)):
+                raise ValueError(f"{name}: the input has {int(length)} blocks, image {image} with block "
+                                 f"{block} makes {int(np.prod(blocks))}")
+            kernel = int(np.prod(block))
+
+            def compute(x):
+                n, ck, _ = x.shape
+                axes = [te.reduce_axis((0, b), f"k{d}") for d, b in enumerate(block)]
+
+                def element(b, c, *pixel):
+                    inside, cols = [], []
+                    for d in range(spatial):
+                        offset = pixel[d] + pads[d] - axes[d] * dilations[d]
+                        col = tvm.tirx.floordiv(offset, strides[d])
+                        inside += [offset >= 0, col < blocks[d]]
+                        if strides[d] != 1:
+                            inside.append(tvm.tirx.floormod(offset, strides[d]) == 0)
+                        cols.append(col)
+                    channel = c * kernel + _flat_index(axes, block)
+                    value = x[b, channel, _flat_index(cols, blocks)]
+                    return te.sum(tvm.tirx.if_then_else(tvm.tirx.all(*inside), value,
+                                                        tvm.tirx.const(0, x.dtype)), axis=axes)
+
+                return te.compute((n, tvm.tirx.floordiv(ck, kernel), *image), element, name="col2im")
+
+            return bb.emit_te(compute, data)
+        return convert
