@@ -42,6 +42,7 @@ CONVERTERS: dict[str, type] = {
     "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
     "BitCast": tensor_ops.BitCast,
     "Col2Im": tensor_ops.Col2Im,
+    "DeformConv": tensor_ops.DeformConv,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

@@ -114,3 +114,45 @@ def test_col2im_with_an_image_shape_known_only_at_run_time_is_a_one_line_error()
                                 "block": np.array([2, 2])}) for k in range(2)]
     with pytest.raises(ModelError, match="image_shape must be known at compile time"):
         edgec.compile(from_proto(model, "case"), samples)
+
+
+# DeformConv ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_mask, attrs", [
+    (True, {"group": 2, "offset_group": 2, "strides": [2, 1], "pads": [1, 0, 2, 1], "dilations": [1, 2]}),
+    (False, {"pads": [1, 1, 1, 1]}),
+])
+def test_deform_conv_samples_at_the_offsets(with_mask, attrs):
+    """Symbolic batch and image dims; offsets large enough to sample outside the image."""
+    from onnx import numpy_helper
+
+    channels, out_channels, kernel = 4, 6, (3, 2)
+    group, offset_group = attrs.get("group", 1), attrs.get("offset_group", 1)
+    rng = _rng(7)
+    weight = rng.standard_normal((out_channels, channels // group, *kernel)).astype(np.float32)
+    bias = rng.standard_normal(out_channels).astype(np.float32)
+    taps = offset_group * kernel[0] * kernel[1]
+    names = ["x", "w", "offset", "b"] + (["mask"] if with_mask else [])
+    inputs = [h.make_tensor_value_info("x", T.FLOAT, ["batch", channels, "height", "width"]),
+              h.make_tensor_value_info("offset", T.FLOAT, ["batch", 2 * taps, "oh", "ow"])]
+    if with_mask:
+        inputs.append(h.make_tensor_value_info("mask", T.FLOAT, ["batch", taps, "oh", "ow"]))
+    graph = h.make_graph([h.make_node("DeformConv", names, ["y"], kernel_shape=list(kernel), **attrs)], "g",
+                         inputs, [h.make_tensor_value_info("y", T.FLOAT, ["batch", out_channels, "oh", "ow"])],
+                         [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 22)])
+    model.ir_version = 8
+    strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])
+    pads = attrs["pads"]
+
+    def feed(n, height, width):
+        r = _rng(n * 100 + height)
+        oh = (height + pads[0] + pads[2] - dilations[0] * (kernel[0] - 1) - 1) // strides[0] + 1
+        ow = (width + pads[1] + pads[3] - dilations[1] * (kernel[1] - 1) - 1) // strides[1] + 1
+        arrays = {"x": r.standard_normal((n, channels, height, width)).astype(np.float32),
+                  "offset": (r.standard_normal((n, 2 * taps, oh, ow)) * 2).astype(np.float32)}
+        if with_mask:
+            arrays["mask"] = r.random((n, taps, oh, ow)).astype(np.float32)
+        return arrays
+
+    _check(model, [feed(1, 5, 6), feed(2, 7, 5)], unseen=[feed(3, 6, 8)], atol=1e-4)

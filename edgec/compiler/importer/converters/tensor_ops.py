@@ -11,7 +11,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.ir import constant
+from edgec.compiler.ir import constant, static_shape
 
 
 def _name(attrs: dict, op: str) -> str:
@@ -121,4 +121,92 @@ class Col2Im:
                 return te.compute((n, tvm.tirx.floordiv(ck, kernel), *image), element, name="col2im")
 
             return bb.emit_te(compute, data)
+        return convert
+
+
+def _optional(inputs, index: int):
+    return inputs[index] if len(inputs) > index else None
+
+
+class DeformConv:
+    """ONNX DeformConv, 2-D: each kernel tap samples X bilinearly at its offset position (zero
+    outside the image, as GridSample with zero padding and aligned corners), times the mask;
+    the sampled columns [N, C * kH * kW, oH * oW] then meet the weights in one grouped matmul,
+    plus the bias. W's shape must be known; N and the spatial dims may be symbolic."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            x, w, offset = inputs[0], inputs[1], inputs[2]
+            bias, mask = _optional(inputs, 3), _optional(inputs, 4)
+            name = _name(attrs, "DeformConv")
+            w_shape = static_shape(w)
+            if x.ty.ndim != 4 or w_shape is None:
+                raise ValueError(f"{name}: only 2-D deformable convolution (a 4-D X) with a weight "
+                                 "of known shape is supported")
+            out_channels, group_channels, *kernel = w_shape
+            kernel = list(attrs.get("kernel_shape", kernel))
+            group, offset_group = int(attrs.get("group", 1)), int(attrs.get("offset_group", 1))
+            strides = list(attrs.get("strides", [1, 1]))
+            dilations = list(attrs.get("dilations", [1, 1]))
+            pads = list(attrs.get("pads", [0, 0, 0, 0]))
+            channels = x.ty.shape.values[1]
+            if not isinstance(channels, tvm.tirx.IntImm):
+                raise ValueError(f"{name}: the input channels must be known at compile time")
+            channels = int(channels)
+            if (channels != group_channels * group or out_channels % group
+                    or channels % offset_group):
+                raise ValueError(f"{name}: {channels} input channels do not fit W {list(w_shape)}, "
+                                 f"group {group} and offset_group {offset_group}")
+            taps = kernel[0] * kernel[1]
+            per_offset_group = channels // offset_group
+            compute_dtype = "float64" if str(x.ty.dtype) == "float64" else "float32"
+
+            def sample(data, off, *rest):
+                weights = rest[0] if rest else None
+                n, _, height, width = data.shape
+                out_h, out_w = off.shape[2], off.shape[3]
+
+                def at(b, c, i, j, oy, ox):
+                    g = tvm.tirx.floordiv(c, per_offset_group)
+                    tap = (g * kernel[0] + i) * kernel[1] + j
+                    y = (off[b, tap * 2, oy, ox].astype(compute_dtype)
+                         + (oy * strides[0] - pads[0] + i * dilations[0]).astype(compute_dtype))
+                    xx = (off[b, tap * 2 + 1, oy, ox].astype(compute_dtype)
+                          + (ox * strides[1] - pads[1] + j * dilations[1]).astype(compute_dtype))
+                    y0, x0 = tvm.tirx.floor(y), tvm.tirx.floor(xx)
+                    ly, lx = y - y0, xx - x0
+                    y0, x0 = y0.astype("int64"), x0.astype("int64")
+                    value = tvm.tirx.const(0, compute_dtype)
+                    for dy, wy in ((0, 1 - ly), (1, ly)):
+                        for dx, wx in ((0, 1 - lx), (1, lx)):
+                            yy, xq = y0 + dy, x0 + dx
+                            inside = tvm.tirx.all(yy >= 0, yy < height, xq >= 0, xq < width)
+                            pixel = tvm.tirx.if_then_else(
+                                inside, data[b, c, yy, xq].astype(compute_dtype),
+                                tvm.tirx.const(0, compute_dtype))
+                            value = value + wy * wx * pixel
+                    # Outside (-1, H) x (-1, W) no corner is inside; the floor of a NaN or huge
+                    # offset is then never read.
+                    valid = tvm.tirx.all(y > -1, y < height.astype(compute_dtype),
+                                         xx > -1, xx < width.astype(compute_dtype))
+                    value = tvm.tirx.if_then_else(valid, value, tvm.tirx.const(0, compute_dtype))
+                    if weights is not None:
+                        value = value * weights[b, tap, oy, ox].astype(compute_dtype)
+                    return value.astype(data.dtype)
+
+                return te.compute((n, channels, kernel[0], kernel[1], out_h, out_w), at,
+                                  name="deform_sample")
+
+            args = [x, offset] + ([mask] if mask is not None else [])
+            cols = bb.emit_te(sample, *args)
+            n = x.ty.shape.values[0]
+            out_h, out_w = offset.ty.shape.values[2], offset.ty.shape.values[3]
+            cols = bb.normalize(relax.op.reshape(cols, (n, group, group_channels * taps, out_h * out_w)))
+            weight = bb.normalize(relax.op.reshape(w, (group, out_channels // group, group_channels * taps)))
+            y = bb.normalize(relax.op.matmul(weight, cols))
+            y = bb.normalize(relax.op.reshape(y, (n, out_channels, out_h, out_w)))
+            if bias is not None:
+                y = relax.op.add(y, relax.op.reshape(bias, (1, out_channels, 1, 1)))
+            return y
         return convert
