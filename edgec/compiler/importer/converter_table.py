@@ -43,6 +43,7 @@ CONVERTERS: dict[str, type] = {
     "BitCast": tensor_ops.BitCast,
     "Col2Im": tensor_ops.Col2Im,
     "DeformConv": tensor_ops.DeformConv,
+    "TensorScatter": tensor_ops.TensorScatter,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

@@ -156,3 +156,36 @@ def test_deform_conv_samples_at_the_offsets(with_mask, attrs):
         return arrays
 
     _check(model, [feed(1, 5, 6), feed(2, 7, 5)], unseen=[feed(3, 6, 8)], atol=1e-4)
+
+
+# TensorScatter ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode, axis, with_indices", [("linear", -2, True), ("circular", 1, True),
+                                                      ("linear", 2, False)])
+def test_tensorscatter_writes_the_update_rows_into_the_cache(mode, axis, with_indices):
+    """[batch, heads, max_seq, dim] cache, [batch, heads, seq, dim] update (axis -2 or 2), or the
+    sequence on axis 1; batch and both lengths symbolic."""
+    dims = ["batch", 2, "max_seq", 3] if axis != 1 else ["batch", "max_seq", 2, 3]
+    update_dims = [("seq" if d == "max_seq" else d) for d in dims]
+    names = ["cache", "update"] + (["write"] if with_indices else [])
+    inputs = [h.make_tensor_value_info("cache", T.FLOAT, dims),
+              h.make_tensor_value_info("update", T.FLOAT, update_dims)]
+    if with_indices:
+        inputs.append(h.make_tensor_value_info("write", T.INT64, ["batch"]))
+    node = h.make_node("TensorScatter", names, ["present"], mode=mode, axis=axis)
+    model = _model(node, inputs, [h.make_tensor_value_info("present", T.FLOAT, dims)], opset=24)
+    seq_axis = dims.index("max_seq")
+
+    def feed(batch, total, length):
+        r = _rng(batch * 10 + total)
+        shape = [{"batch": batch, "max_seq": total}.get(d, d) for d in dims]
+        update_shape = list(shape)
+        update_shape[seq_axis] = length
+        arrays = {"cache": r.standard_normal(shape).astype(np.float32),
+                  "update": r.standard_normal(update_shape).astype(np.float32)}
+        if with_indices:
+            top = total if mode == "circular" else total - length + 1
+            arrays["write"] = r.integers(0, top, batch).astype(np.int64)
+        return arrays
+
+    _check(model, [feed(2, 6, 2), feed(3, 5, 5)], unseen=[feed(4, 7, 3)])

@@ -12,6 +12,7 @@ from tvm import relax, te, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from edgec.compiler.ir import constant, static_shape
+from edgec.core.model import attribute_text
 
 
 def _name(attrs: dict, op: str) -> str:
@@ -209,4 +210,48 @@ class DeformConv:
             if bias is not None:
                 y = relax.op.add(y, relax.op.reshape(bias, (1, out_channels, 1, 1)))
             return y
+        return convert
+
+
+class TensorScatter:
+    """ONNX TensorScatter (a KV-cache write): ``update``'s rows along ``axis`` written into
+    ``past_cache`` from each batch entry's ``write_indices`` on (zero when absent), modulo the
+    cache length in ``circular`` mode. Each output element reads the update row that lands on
+    it, else the cache (a gather, no scatter); every dim may be symbolic."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            cache, update = inputs[0], inputs[1]
+            indices = _optional(inputs, 2)
+            name = _name(attrs, "TensorScatter")
+            mode = attribute_text(attrs.get("mode"), "linear")
+            if mode not in ("linear", "circular"):
+                raise ValueError(f"{name}: unknown mode {mode!r} (linear or circular)")
+            rank = cache.ty.ndim
+            if update.ty.ndim != rank:
+                raise ValueError(f"{name}: past_cache and update differ in rank ({rank}, {update.ty.ndim})")
+            axis = int(attrs.get("axis", -2))
+            axis = axis + rank if axis < 0 else axis
+            if not 0 < axis < rank:
+                raise ValueError(f"{name}: axis {attrs.get('axis', -2)} is not a non-batch axis of a "
+                                 f"rank-{rank} cache")
+
+            def compute(past, new, *rest):
+                length, total = new.shape[axis], past.shape[axis]
+
+                def element(*index):
+                    row = index[axis].astype("int64")
+                    if rest:
+                        row = row - rest[0][index[0]].astype("int64")
+                    if mode == "circular":
+                        row = tvm.tirx.floormod(row, total.astype("int64"))
+                    inside = tvm.tirx.all(row >= 0, row < length.astype("int64"))
+                    source = list(index)
+                    source[axis] = row
+                    return tvm.tirx.if_then_else(inside, new[tuple(source)], past[index])
+
+                return te.compute(past.shape, element, name="tensor_scatter")
+
+            return bb.emit_te(compute, cache, update, *([indices] if indices is not None else []))
         return convert
