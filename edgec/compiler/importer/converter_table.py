@@ -44,6 +44,7 @@ CONVERTERS: dict[str, type] = {
     "Col2Im": tensor_ops.Col2Im,
     "DeformConv": tensor_ops.DeformConv,
     "TensorScatter": tensor_ops.TensorScatter,
+    "Det": tensor_ops.Det,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

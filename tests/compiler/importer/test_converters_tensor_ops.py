@@ -26,23 +26,26 @@ def _model(node, inputs, outputs, opset=26):
     return model
 
 
-def _check(model, samples, unseen=(), rtol=1e-5, atol=1e-5):
+def _check(model, samples, unseen=(), rtol=1e-5, atol=1e-5, reference=None):
     """Compile ``model`` on ``samples`` as one symbolic program and compare every output with
-    onnxruntime's on each sample and on the ``unseen`` feeds."""
+    onnxruntime's (or ``reference(feed)``'s, a list) on each sample and on the ``unseen`` feeds."""
     compiled = edgec.compile(from_proto(model, "case"), [Sample(f"s{k}", s) for k, s in enumerate(samples)],
                              settings=edgec.CompileSettings(plan=PlanSettings("symbolic")))
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    if reference is None:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        reference = lambda feed: session.run(None, feed)  # noqa: E731
+    names = [o.name for o in model.graph.output]
     with tempfile.TemporaryDirectory() as tmp:
         loaded = runtime.load(compiled.artifact.save(Path(tmp) / "case.edgec"))
         for feed in [*samples, *unseen]:
             got = loaded.run(feed)
-            for spec, want in zip(session.get_outputs(), session.run(None, feed)):
-                value = np.asarray(got[spec.name])
-                assert value.dtype == want.dtype and value.shape == want.shape, spec.name
+            for name, want in zip(names, reference(feed)):
+                value = np.asarray(got[name])
+                assert value.dtype == want.dtype and value.shape == want.shape, name
                 if want.dtype.kind == "f":
-                    np.testing.assert_allclose(value, want, rtol=rtol, atol=atol, err_msg=spec.name)
+                    np.testing.assert_allclose(value, want, rtol=rtol, atol=atol, err_msg=name)
                 else:
-                    np.testing.assert_array_equal(value, want, err_msg=spec.name)
+                    np.testing.assert_array_equal(value, want, err_msg=name)
 
 
 def _rng(seed=0):
@@ -189,3 +192,35 @@ def test_tensorscatter_writes_the_update_rows_into_the_cache(mode, axis, with_in
         return arrays
 
     _check(model, [feed(2, 6, 2), feed(3, 5, 5)], unseen=[feed(4, 7, 3)])
+
+
+# Det ----------------------------------------------------------------------------------------
+
+def _det_model(dims, elem=T.FLOAT):
+    node = h.make_node("Det", ["x"], ["y"])
+    return _model(node, [h.make_tensor_value_info("x", elem, dims)],
+                  [h.make_tensor_value_info("y", elem, dims[:-2])], opset=22)
+
+
+def test_det_of_a_symbolic_batch_of_symbolic_size():
+    """Random matrices, and ones whose leading entries are zero or tiny (no LU without
+    pivoting gets them right): permutations, a singular matrix, [[1e-9, 1], [1, 1]]-like."""
+    model = _det_model(["batch", 2, "m", "m"])
+
+    def feed(batch, m):
+        x = _rng(batch * 10 + m).standard_normal((batch, 2, m, m)).astype(np.float32)
+        x[0, 0] = np.eye(m, dtype=np.float32)[::-1]  # zeros on the diagonal: a row swap each step
+        x[0, 1, :, 0] = 0  # a zero column: singular
+        if m >= 2:
+            x[-1, 1, 0, 0] = 1e-9
+        return {"x": x}
+
+    _check(model, [feed(1, 3), feed(2, 4)], unseen=[feed(3, 5), feed(2, 1)], rtol=1e-4, atol=1e-5)
+
+
+def test_det_of_one_matrix_in_float64_needs_pivoting():
+    """onnxruntime has no float64 Det: numpy's (LAPACK's LU) is the reference."""
+    model = _det_model([3, 3], T.DOUBLE)
+    x = np.array([[1e-12, 1.0, 2.0], [1.0, 1.0, 1.0], [3.0, 0.5, -1.0]])
+    _check(model, [{"x": x}], unseen=[{"x": _rng(3).standard_normal((3, 3))}], rtol=1e-12, atol=1e-12,
+           reference=lambda feed: [np.asarray(np.linalg.det(feed["x"]))])

@@ -255,3 +255,83 @@ class TensorScatter:
 
             return bb.emit_te(compute, cache, update, *([indices] if indices is not None else []))
         return convert
+
+
+def _det_kernel(dtype: str, compute: str) -> tvm.tirx.PrimFunc:
+    """det of each [m, m] matrix of ``a`` [n, m, m] by LU decomposition with partial pivoting
+    (the largest remaining entry of each column becomes the pivot; a row swap flips the sign),
+    eliminating in ``work``, a copy in ``compute`` precision. ``n`` and ``m`` are symbolic; each
+    matrix is one block instance, so the batch loop can be spread over threads."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(private=True, s_tir=True)
+    def det_lu(a: T.handle, w: T.handle, d: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        n, m = T.int64(), T.int64()
+        A = T.match_buffer(a, (n, m, m), dtype)
+        work = T.match_buffer(w, (n, m, m), compute)
+        D = T.match_buffer(d, (n,), dtype)
+        for b in T.serial(n):
+            with T.sblock("det"):
+                vb = T.axis.spatial(n, b)
+                T.reads(A[vb, 0:m, 0:m])
+                T.writes(work[vb, 0:m, 0:m], D[vb])
+                row = T.sblock_alloc_buffer((1,), "int64", scope="local")
+                best = T.sblock_alloc_buffer((1,), compute, scope="local")
+                acc = T.sblock_alloc_buffer((1,), compute, scope="local")
+                swap = T.sblock_alloc_buffer((1,), compute, scope="local")
+                for i, j in T.grid(m, m):
+                    work[vb, i, j] = T.Cast(compute, A[vb, i, j])
+                acc[0] = T.Cast(compute, 1)
+                for k in T.serial(m):
+                    row[0] = k
+                    best[0] = T.abs(work[vb, k, k])
+                    for i in T.serial(k + 1, m):
+                        if T.abs(work[vb, i, k]) > best[0]:
+                            best[0] = T.abs(work[vb, i, k])
+                            row[0] = i
+                    if row[0] != k:
+                        for j in T.serial(k, m):
+                            swap[0] = work[vb, k, j]
+                            work[vb, k, j] = work[vb, row[0], j]
+                            work[vb, row[0], j] = swap[0]
+                        acc[0] = -acc[0]
+                    acc[0] = acc[0] * work[vb, k, k]
+                    if work[vb, k, k] != T.Cast(compute, 0):
+                        for i in T.serial(k + 1, m):
+                            for j in T.serial(k + 1, m):
+                                work[vb, i, j] = work[vb, i, j] - work[vb, i, k] / work[vb, k, k] * work[vb, k, j]
+                D[vb] = T.Cast(dtype, acc[0])
+
+    return det_lu
+
+
+class Det:
+    """ONNX Det: the determinant of each [M, M] matrix of a [..., M, M] input, by LU with partial
+    pivoting in a TIR kernel (float16 and bfloat16 eliminate in float32). The batch dims and M may
+    be symbolic."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            x = inputs[0]
+            name = _name(attrs, "Det")
+            dtype = str(x.ty.dtype)
+            if "float" not in dtype or x.ty.ndim < 2:
+                raise ValueError(f"{name}: needs a float tensor of rank 2 or more, got {dtype} of "
+                                 f"rank {x.ty.ndim}")
+            compute = dtype if dtype in ("float32", "float64") else "float32"
+            *batch, rows, cols = x.ty.shape.values
+            analyzer = tvm.sym.Analyzer()
+            if all(isinstance(v, tvm.tirx.IntImm) for v in (rows, cols)) and int(rows) != int(cols):
+                raise ValueError(f"{name}: needs square matrices, got [{rows}, {cols}]")
+            count = tvm.tirx.const(1, "int64")
+            for dim in batch:
+                count = count * dim
+            count = analyzer.simplify(count)
+            flat = bb.normalize(relax.op.reshape(x, (count, rows, rows)))
+            kernel = bb.add_func(_det_kernel(dtype, compute), "edgec_det_lu")
+            out = bb.emit(relax.call_tir(kernel, [flat], [relax.TensorType((count, rows, rows), compute),
+                                                          relax.TensorType((count,), dtype)]))
+            return relax.op.reshape(relax.TupleGetItem(out, 1), batch)
+        return convert
