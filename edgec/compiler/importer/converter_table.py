@@ -45,6 +45,7 @@ CONVERTERS: dict[str, type] = {
     "DeformConv": tensor_ops.DeformConv,
     "TensorScatter": tensor_ops.TensorScatter,
     "Det": tensor_ops.Det,
+    "ReverseSequence": tensor_ops.ReverseSequence,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

@@ -224,3 +224,23 @@ def test_det_of_one_matrix_in_float64_needs_pivoting():
     x = np.array([[1e-12, 1.0, 2.0], [1.0, 1.0, 1.0], [3.0, 0.5, -1.0]])
     _check(model, [{"x": x}], unseen=[{"x": _rng(3).standard_normal((3, 3))}], rtol=1e-12, atol=1e-12,
            reference=lambda feed: [np.asarray(np.linalg.det(feed["x"]))])
+
+
+# ReverseSequence ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("time_axis, batch_axis", [(0, 1), (1, 0)])
+def test_reversesequence_reverses_each_batch_entry_up_to_its_length(time_axis, batch_axis):
+    dims = ["time", "batch", 3] if time_axis == 0 else ["batch", "time", 3]
+    node = h.make_node("ReverseSequence", ["x", "lens"], ["y"], time_axis=time_axis, batch_axis=batch_axis)
+    model = _model(node, [h.make_tensor_value_info("x", T.FLOAT, dims),
+                          h.make_tensor_value_info("lens", T.INT64, ["batch"])],
+                   [h.make_tensor_value_info("y", T.FLOAT, dims)], opset=10)
+
+    def feed(batch, time):
+        r = _rng(batch * 10 + time)
+        shape = [{"time": time, "batch": batch}.get(d, d) for d in dims]
+        lens = r.integers(1, time + 1, batch).astype(np.int64)
+        lens[0] = time
+        return {"x": r.standard_normal(shape).astype(np.float32), "lens": lens}
+
+    _check(model, [feed(2, 4), feed(3, 6)], unseen=[feed(4, 5)])

@@ -335,3 +335,20 @@ class Det:
                                                           relax.TensorType((count,), dtype)]))
             return relax.op.reshape(relax.TupleGetItem(out, 1), batch)
         return convert
+
+
+class ReverseSequence:
+    """ONNX ReverseSequence: the first ``sequence_lens[b]`` entries along ``time_axis`` of each
+    batch entry reversed, the rest kept (Relax's reverse_sequence); any dim may be symbolic."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            x, lengths = inputs
+            name = _name(attrs, "ReverseSequence")
+            time_axis, batch_axis = int(attrs.get("time_axis", 0)), int(attrs.get("batch_axis", 1))
+            if sorted((time_axis, batch_axis)) != [0, 1] or x.ty.ndim < 2:
+                raise ValueError(f"{name}: time_axis and batch_axis must be 0 and 1 (in either order) "
+                                 f"of a tensor of rank 2 or more, got {time_axis}, {batch_axis}")
+            return relax.op.reverse_sequence(x, lengths, time_axis, batch_axis)
+        return convert
