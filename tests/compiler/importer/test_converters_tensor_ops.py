@@ -105,6 +105,23 @@ def test_col2im_sums_the_blocks_back_into_the_image(image, block, attrs):
     _check(model, [{"x": x(1)}, {"x": x(3)}], unseen=[{"x": x(2)}])
 
 
+def test_col2im_of_an_image_shape_read_from_another_inputs_dims():
+    """nn.Fold with the output size of a tensor: image_shape is Shape(ref)[2:], symbolic."""
+    graph = h.make_graph([h.make_node("Shape", ["ref"], ["image"], start=2), _constant("block", [2, 2]),
+                          h.make_node("Col2Im", ["x", "image", "block"], ["y"], strides=[2, 2])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, ["n", 8, "blocks"]),
+                          h.make_tensor_value_info("ref", T.FLOAT, ["n", 1, "height", "width"])],
+                         [h.make_tensor_value_info("y", T.FLOAT, ["n", 2, "height", "width"])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    model.ir_version = 8
+
+    def feed(n, height, width):
+        x = _rng(n).standard_normal((n, 8, (height // 2) * (width // 2))).astype(np.float32)
+        return {"x": x, "ref": np.zeros((n, 1, height, width), np.float32)}
+
+    _check(model, [feed(1, 4, 6), feed(2, 6, 4)], unseen=[feed(3, 8, 8)])
+
+
 def test_col2im_with_an_image_shape_known_only_at_run_time_is_a_one_line_error():
     graph = h.make_graph([h.make_node("Col2Im", ["x", "image", "block"], ["y"], name="c2i")], "g",
                          [h.make_tensor_value_info("x", T.FLOAT, [1, 4, 9]),

@@ -11,6 +11,7 @@ import tvm
 from tvm import relax, te, topi
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from edgec.compiler.importer.converters import shape_values
 from edgec.compiler.ir import constant, static_shape
 from edgec.core.model import attribute_text
 
@@ -54,13 +55,18 @@ class BitCast:
         return convert
 
 
-def _constant_ints(expr, what: str, name: str) -> list[int]:
-    """The values of a constant integer tensor (a constant or an input the plan fixed)."""
-    if isinstance(expr, relax.ShapeExpr) and all(isinstance(v, tvm.tirx.IntImm) for v in expr.values):
-        return [int(v) for v in expr.values]
-    if not isinstance(expr, tvm.ir.GenericConst):
-        raise ValueError(f"{name}: {what} must be known at compile time (a constant or a fixed input)")
-    return [int(v) for v in np.asarray(expr.value.numpy()).reshape(-1)]
+def _dims(bb, expr, what: str, name: str, numbers: bool) -> list:
+    """The elements of a 1-D integer input known at compile time: constants, inputs the plan
+    fixed, or shape values computed on the input dims (as int64 PrimExprs; ints where
+    ``numbers``, which refuses dims)."""
+    dims = shape_values.dims_of(bb, expr)
+    if dims is not None and numbers:
+        dims = [int(d) if isinstance(d, tvm.tirx.IntImm) else None for d in dims]
+        dims = None if None in dims else dims
+    if dims is None:
+        known = "a constant or a fixed input" + ("" if numbers else ", or computed from shapes")
+        raise ValueError(f"{name}: {what} must be known at compile time ({known})")
+    return dims
 
 
 def _flat_index(indices, extents):
@@ -82,8 +88,8 @@ class Col2Im:
         def convert(bb, inputs, attrs, params):
             data = inputs[0]
             name = _name(attrs, "Col2Im")
-            image = _constant_ints(inputs[1], "image_shape", name)
-            block = _constant_ints(inputs[2], "block_shape", name)
+            image = _dims(bb, inputs[1], "image_shape", name, numbers=False)
+            block = _dims(bb, inputs[2], "block_shape", name, numbers=True)
             spatial = len(image)
             if len(block) != spatial or data.ty.ndim != 3:
                 raise ValueError(f"{name}: needs a 3-D input and image_shape and block_shape of one "
@@ -91,14 +97,17 @@ class Col2Im:
             dilations = list(attrs.get("dilations", [1] * spatial))
             strides = list(attrs.get("strides", [1] * spatial))
             pads = list(attrs.get("pads", [0] * 2 * spatial))
+            image = [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in image]
             blocks = [(image[d] + pads[d] + pads[d + spatial] - dilations[d] * (block[d] - 1) - 1)
-                      // strides[d] + 1 for d in range(spatial)]
-            if any(b < 1 for b in blocks):
-                raise ValueError(f"{name}: no sliding block fits image {image} with block {block}")
+                      // strides[d] + 1 for d in range(spatial)]  # floordiv on dims too
+            blocks = [shape_values.simplify(b, bb) if not isinstance(b, int) else b for b in blocks]
             length = data.ty.shape.values[2]
-            if isinstance(length, tvm.tirx.IntImm) and int(length) != int(np.prod(blocks)):
-                raise ValueError(f"{name}: the input has {int(length)} blocks, image {image} with block "
-                                 f"{block} makes {int(np.prod(blocks))}")
+            if all(isinstance(b, int) for b in blocks):
+                if min(blocks) < 1:
+                    raise ValueError(f"{name}: no sliding block fits image {image} with block {block}")
+                if isinstance(length, tvm.tirx.IntImm) and int(length) != int(np.prod(blocks)):
+                    raise ValueError(f"{name}: the input has {int(length)} blocks, image {image} with "
+                                     f"block {block} makes {int(np.prod(blocks))}")
             kernel = int(np.prod(block))
 
             def compute(x):
@@ -121,7 +130,7 @@ class Col2Im:
 
                 return te.compute((n, tvm.tirx.floordiv(ck, kernel), *image), element, name="col2im")
 
-            return bb.emit_te(compute, data)
+            return bb.emit_te(compute, data, primfunc_name_hint="col2im")
         return convert
 
 
@@ -200,7 +209,7 @@ class DeformConv:
                                   name="deform_sample")
 
             args = [x, offset] + ([mask] if mask is not None else [])
-            cols = bb.emit_te(sample, *args)
+            cols = bb.emit_te(sample, *args, primfunc_name_hint="deform_conv_sample")
             n = x.ty.shape.values[0]
             out_h, out_w = offset.ty.shape.values[2], offset.ty.shape.values[3]
             cols = bb.normalize(relax.op.reshape(cols, (n, group, group_channels * taps, out_h * out_w)))
@@ -253,7 +262,8 @@ class TensorScatter:
 
                 return te.compute(past.shape, element, name="tensor_scatter")
 
-            return bb.emit_te(compute, cache, update, *([indices] if indices is not None else []))
+            return bb.emit_te(compute, cache, update, *([indices] if indices is not None else []),
+                              primfunc_name_hint="tensor_scatter")
         return convert
 
 
