@@ -157,9 +157,10 @@ def test_deform_conv_samples_at_the_offsets(with_mask, attrs):
               h.make_tensor_value_info("offset", T.FLOAT, ["batch", 2 * taps, "oh", "ow"])]
     if with_mask:
         inputs.append(h.make_tensor_value_info("mask", T.FLOAT, ["batch", taps, "oh", "ow"]))
+    output = h.make_tensor_value_info("y", T.FLOAT, ["batch", out_channels, "oh", "ow"])
     graph = h.make_graph([h.make_node("DeformConv", names, ["y"], kernel_shape=list(kernel), **attrs)], "g",
-                         inputs, [h.make_tensor_value_info("y", T.FLOAT, ["batch", out_channels, "oh", "ow"])],
-                         [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+                         inputs, [output], [numpy_helper.from_array(weight, "w"),
+                                            numpy_helper.from_array(bias, "b")])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 22)])
     model.ir_version = 8
     strides, dilations = attrs.get("strides", [1, 1]), attrs.get("dilations", [1, 1])

@@ -80,8 +80,8 @@ def _flat_index(indices, extents):
 class Col2Im:
     """ONNX Col2Im: [N, C * prod(block), L] columns summed back into an [N, C, *image] image,
     any number of spatial dims. Each image element gathers the kernel offsets whose block lands
-    on it (a reduction over the block, no scatter). ``image_shape`` and ``block_shape`` must be
-    known at compile time; N and C may be symbolic."""
+    on it (a reduction over the block, no scatter). ``block_shape`` must be known at compile
+    time, ``image_shape`` too or computed from dims (it may be symbolic); N and C may be."""
 
     @classmethod
     def get_converter(cls, opset: int) -> Callable:
@@ -310,7 +310,8 @@ def _det_kernel(dtype: str, compute: str) -> tvm.tirx.PrimFunc:
                     if work[vb, k, k] != T.Cast(compute, 0):
                         for i in T.serial(k + 1, m):
                             for j in T.serial(k + 1, m):
-                                work[vb, i, j] = work[vb, i, j] - work[vb, i, k] / work[vb, k, k] * work[vb, k, j]
+                                work[vb, i, j] = (work[vb, i, j]
+                                                  - work[vb, i, k] / work[vb, k, k] * work[vb, k, j])
                 D[vb] = T.Cast(dtype, acc[0])
 
     return det_lu
