@@ -46,6 +46,7 @@ from edgec.compiler.transform.native_kernels import NativeKernels
 from edgec.compiler.transform.quantized import Int8Lowering, QuantizedLowering
 from edgec.compiler.transform.schedules import (ApplyTuningDatabase, CPUSchedules, KernelCount,
                                                 kernels_parallel)
+from edgec.compiler.transform.shape_reads import UnfusedShapeReads
 from edgec.compiler.transform.unique_vars import UniqueVars
 from edgec.compiler.tuning_database import open_database
 from edgec.core.model import Model
@@ -163,7 +164,8 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
         passes.append(Int8Lowering(quantized.proto, quantized, record.quantized_calls))
     elif quantized is not None and backend.fp16:
         passes.append(FP16(quantized.layers("fp16"), record.quantized_calls, target.name))
-    passes.append(NativeKernels(backend.native_kernels, target.name))
+    passes.append(NativeKernels(backend.native_kernels, target.name))  # legalizes
+    passes.append(UnfusedShapeReads)
     return passes
 
 
