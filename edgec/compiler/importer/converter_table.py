@@ -40,6 +40,8 @@ CONVERTERS: dict[str, type] = {
     RECURRENT_KERNEL: RecurrentLoop,
     "Slice": Slice,
     "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
+    "ReduceMax": ops.infinite_extremum(onnx_frontend.ReduceMax),
+    "ReduceMin": ops.infinite_extremum(onnx_frontend.ReduceMin),
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

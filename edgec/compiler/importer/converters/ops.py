@@ -204,6 +204,68 @@ class IsInf:
         return convert
 
 
+def infinite_extremum(base) -> type:
+    """A ReduceMax/ReduceMin converter over ``base`` (TVM's) whose float reduction starts from
+    -inf/+inf, as ONNX's does: TOPI's starts from the lowest/highest finite value, so the max of
+    a row of -inf came out -3.4e38 (Attention's fully masked rows test it against -inf)."""
+
+    class Extremum:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                result = fallback(bb, inputs, attrs, params)
+                if not (isinstance(result, relax.Call) and isinstance(result.op, tvm.ir.Op)
+                        and result.op.name in ("relax.max", "relax.min")):
+                    return result
+                data = result.args[0]
+                ty = data.ty
+                if not (isinstance(ty, relax.TensorType) and _is_float_dtype(ty.dtype)
+                        and isinstance(ty.shape, relax.ShapeExpr) and ty.ndim > 0):
+                    return result  # no dims to compute over: TOPI's (finite) start stays
+                axis = result.attrs.axis
+                axes = None if axis is None else [int(a) for a in axis]
+                if axes == []:
+                    return result
+                return bb.emit_te(_extremum, data, axes, bool(result.attrs.keepdims),
+                                  result.op.name == "relax.max")
+            return convert
+
+    Extremum.__name__ = Extremum.__qualname__ = getattr(base, "__name__", "Extremum")
+    return Extremum
+
+
+def _extremum(x, axes, keepdims: bool, largest: bool):
+    """max (``largest``) or min of ``x`` over ``axes`` (None: all), from -inf or +inf."""
+    ndim = len(x.shape)
+    reduced = topi.reduction._get_real_axis(ndim, axes)
+    combine = tvm.tirx.Max if largest else tvm.tirx.Min
+    identity = float("-inf") if largest else float("inf")
+    reducer = tvm.te.comm_reducer(lambda a, b: combine(a, b),
+                                  lambda dtype: tvm.tirx.const(identity, dtype),
+                                  name="max" if largest else "min")
+    k = {a: tvm.te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in reduced}
+    if keepdims:
+        shape = [1 if a in k else x.shape[a] for a in range(ndim)]
+    else:
+        shape = [x.shape[a] for a in range(ndim) if a not in k]
+
+    def body(*index):
+        index = list(index)
+        full = []
+        for a in range(ndim):
+            if a in k:
+                full.append(k[a])
+                if keepdims:
+                    index.pop(0)
+            else:
+                full.append(index.pop(0))
+        return reducer(x[tuple(full)], axis=list(k.values()))
+
+    return tvm.te.compute(shape, body, name="max" if largest else "min", tag="comm_reduce")
+
+
 class SpaceToDepth:
     """ONNX SpaceToDepth with ``mode`` (opset 28 adds CRD; TVM's converter always does DCR)."""
 
