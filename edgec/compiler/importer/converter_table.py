@@ -42,6 +42,8 @@ CONVERTERS: dict[str, type] = {
     "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
     "ReduceMax": ops.infinite_extremum(onnx_frontend.ReduceMax),
     "ReduceMin": ops.infinite_extremum(onnx_frontend.ReduceMin),
+    "MatMul": ops.wide_matmul(onnx_frontend.MatMul),
+    "Softmax": ops.NarrowSoftmax,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

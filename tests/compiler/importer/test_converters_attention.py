@@ -1,5 +1,6 @@
 """ONNX's Attention (opset 23/24, imported as its function body) and the ops its body relies on,
-compiled by edgec and checked against onnxruntime: fully masked rows (ReduceMax of -inf)."""
+compiled by edgec and checked against onnxruntime: fully masked rows (ReduceMax of -inf),
+float16 (MatMul and Softmax accumulating in float32)."""
 
 import numpy as np
 import onnxruntime as ort
@@ -51,3 +52,31 @@ def test_reduce_extremum_of_infinities_is_infinite(op, dtype, axes, keepdims):
     node = helper.make_node(op, inputs, ["y"], keepdims=keepdims, name="reduce")
     model = _model([node], [_vi("x", dtype, x.shape)], [_vi("y", dtype, out.shape)], init, opset=18)
     _check(model, [x])
+
+
+def test_float16_matmul_accumulates_in_float32():
+    """onnxruntime sums float16 products in float32 and rounds once; TVM's float16 accumulator
+    rounded every addition (hundreds of the 256 results differed over K=64)."""
+    a = _RNG.random((16, 64)).astype(np.float16)
+    b = _RNG.random((2, 64, 16)).astype(np.float16)
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="matmul")
+    model = _model([node], [_vi("a", a.dtype, a.shape), _vi("b", b.dtype, b.shape)],
+                   [_vi("y", np.float16, (2, 16, 16))])
+    (got,) = conformance.run(model, [a, b])
+    np.testing.assert_array_equal(got, _onnxruntime(model, [a, b])[0])
+
+
+def _ulps(a, b):
+    """Units in the last place between float16 arrays of one sign."""
+    return np.abs(a.view(np.int16).astype(np.int32) - b.view(np.int16).astype(np.int32))
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_float16_softmax_sums_in_float32(axis):
+    """Softmax over float16 with its sum in float32: within 2 ulps of onnxruntime (float32
+    throughout), where TVM's float16 sum drifted by 8 (4 terms) to 20 ulps (200 terms)."""
+    x = (_RNG.standard_normal((3, 200, 4)) * 3).astype(np.float16)
+    node = helper.make_node("Softmax", ["x"], ["y"], axis=axis, name="softmax")
+    model = _model([node], [_vi("x", x.dtype, x.shape)], [_vi("y", np.float16, x.shape)])
+    (got,) = conformance.run(model, [x])
+    assert _ulps(got, _onnxruntime(model, [x])[0]).max() <= 2
