@@ -1,6 +1,6 @@
 """ONNX's Attention (opset 23/24, imported as its function body) and the ops its body relies on,
 compiled by edgec and checked against onnxruntime: fully masked rows (ReduceMax of -inf),
-float16 (MatMul and Softmax accumulating in float32)."""
+float16 (MatMul and Softmax accumulating in float32); LinearAttention, whose body has a Scan."""
 
 import numpy as np
 import onnxruntime as ort
@@ -80,3 +80,26 @@ def test_float16_softmax_sums_in_float32(axis):
     model = _model([node], [_vi("x", x.dtype, x.shape)], [_vi("y", np.float16, x.shape)])
     (got,) = conformance.run(model, [x])
     assert _ulps(got, _onnxruntime(model, [x])[0]).max() <= 2
+
+
+@pytest.mark.parametrize("rule,q_heads", [("linear", 2), ("gated_delta", 4)])
+def test_linear_attention_body_with_a_scan_expands(rule, q_heads):
+    """LinearAttention (opset 27) has no converter; its function body steps a Scan, whose
+    subgraph's names expansion now prefixes as the body's (it refused bodies with subgraphs)."""
+    b, t, kv_heads, dk, dv = 2, 5, 2, 4, 3
+    shapes = {"query": (b, t, q_heads * dk), "key": (b, t, kv_heads * dk),
+              "value": (b, t, kv_heads * dv), "past_state": (b, kv_heads, dk, dv)}
+    if rule == "gated_delta":
+        shapes.update(decay=(b, t, kv_heads * dk), beta=(b, t, kv_heads))
+    inputs = {name: (_RNG.standard_normal(shape) * 0.5).astype(np.float32)
+              for name, shape in shapes.items()}
+    if rule == "gated_delta":
+        inputs["decay"] = -np.abs(inputs["decay"])
+        inputs["beta"] = 1 / (1 + np.exp(-inputs["beta"]))
+    node = helper.make_node("LinearAttention", list(inputs), ["output", "present_state"],
+                            q_num_heads=q_heads, kv_num_heads=kv_heads, update_rule=rule,
+                            name="linear_attention")
+    model = _model([node], [_vi(name, np.float32, a.shape) for name, a in inputs.items()],
+                   [_vi("output", np.float32, (b, t, q_heads * dv)),
+                    _vi("present_state", np.float32, (b, kv_heads, dk, dv))], opset=27)
+    _check(model, list(inputs.values()))
