@@ -1,6 +1,7 @@
 """ONNX's Attention (opset 23/24, imported as its function body) and the ops its body relies on,
 compiled by edgec and checked against onnxruntime: fully masked rows (ReduceMax of -inf),
-float16 (MatMul and Softmax accumulating in float32); LinearAttention, whose body has a Scan."""
+float16 (MatMul and Softmax accumulating in float32); LinearAttention, whose body has a Scan;
+CausalConvWithState's Concat of no zeros."""
 
 import numpy as np
 import onnxruntime as ort
@@ -103,3 +104,16 @@ def test_linear_attention_body_with_a_scan_expands(rule, q_heads):
                    [_vi("output", np.float32, (b, t, q_heads * dv)),
                     _vi("present_state", np.float32, (b, kv_heads, dk, dv))], opset=27)
     _check(model, list(inputs.values()))
+
+
+def test_concat_of_an_operand_with_no_elements():
+    """CausalConvWithState pads with kernel_size - 1 zeros: none for a size-one kernel. TVM
+    folded the empty zeros into a constant with no elements, and the artifact failed to load."""
+    x = _RNG.standard_normal((2, 4, 8)).astype(np.float32)
+    shape = helper.make_tensor("shape", 7, [3], [2, 4, 0])
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["zeros"], name="zeros"),
+             helper.make_node("Concat", ["zeros", "x", "zeros"], ["y"], axis=2, name="concat"),
+             helper.make_node("Concat", ["x", "zeros"], ["z"], axis=-1, name="concat_last")]
+    model = _model(nodes, [_vi("x", x.dtype, x.shape)],
+                   [_vi("y", np.float32, x.shape), _vi("z", np.float32, x.shape)], [shape])
+    _check(model, [x])

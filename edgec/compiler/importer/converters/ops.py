@@ -332,6 +332,37 @@ class NarrowSoftmax:
         return convert
 
 
+def without_empty_operands(base) -> type:
+    """A Concat converter over ``base`` (TVM's) that leaves out the operands with no elements
+    along the axis (CausalConvWithState's zero padding of a size-one kernel): TVM folds their
+    zeros into a constant with no elements, which the VM cannot load from an artifact."""
+
+    class Concat:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                axis = int(attrs.get("axis", 0))
+                kept = [x for x in inputs if not _empty_along(x, axis)]
+                if kept and len(kept) < len(inputs):
+                    return kept[0] if len(kept) == 1 else fallback(bb, kept, attrs, params)
+                return fallback(bb, inputs, attrs, params)
+            return convert
+
+    Concat.__name__ = Concat.__qualname__ = f"NonEmpty{getattr(base, '__name__', 'Concat')}"
+    return Concat
+
+
+def _empty_along(expr, axis: int) -> bool:
+    ty = getattr(expr, "ty", None)
+    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
+            and ty.ndim > 0):
+        return False
+    extent = ty.shape.values[axis % ty.ndim]
+    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 0
+
+
 class SpaceToDepth:
     """ONNX SpaceToDepth with ``mode`` (opset 28 adds CRD; TVM's converter always does DCR)."""
 
