@@ -44,6 +44,7 @@ CONVERTERS: dict[str, type] = {
     "ReduceMin": ops.infinite_extremum(onnx_frontend.ReduceMin),
     "MatMul": ops.wide_matmul(onnx_frontend.MatMul),
     "Softmax": ops.NarrowSoftmax,
+    "Conv": ops.wide_conv(onnx_frontend.Conv),
     "Concat": ops.without_empty_operands(onnx_frontend.Concat),
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).

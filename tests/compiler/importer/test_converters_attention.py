@@ -1,6 +1,6 @@
 """ONNX's Attention (opset 23/24, imported as its function body) and the ops its body relies on,
 compiled by edgec and checked against onnxruntime: fully masked rows (ReduceMax of -inf),
-float16 (MatMul and Softmax accumulating in float32); LinearAttention, whose body has a Scan;
+float16 (MatMul, Softmax and Conv accumulating in float32); LinearAttention, whose body has a Scan;
 CausalConvWithState's Concat of no zeros."""
 
 import numpy as np
@@ -117,3 +117,19 @@ def test_concat_of_an_operand_with_no_elements():
     model = _model(nodes, [_vi("x", x.dtype, x.shape)],
                    [_vi("y", np.float32, x.shape), _vi("z", np.float32, x.shape)], [shape])
     _check(model, [x])
+
+
+@pytest.mark.parametrize("spatial,with_bias", [(1, False), (2, True)])
+def test_float16_conv_accumulates_in_float32(spatial, with_bias):
+    """CausalConvWithState's float16 cases: onnxruntime sums the products and the bias in
+    float32 and rounds once; TVM's float16 accumulator drifted by several ulps."""
+    x = _RNG.random((2, 8) + (9,) * spatial).astype(np.float16)
+    w = (_RNG.random((6, 8) + (3,) * spatial) - 0.3).astype(np.float16)
+    b = _RNG.random(6).astype(np.float16)
+    inputs, names = ([x, w, b], ["x", "w", "b"]) if with_bias else ([x, w], ["x", "w"])
+    node = helper.make_node("Conv", names, ["y"], pads=[1] * (2 * spatial), name="conv")
+    model = _model([node], [_vi(n, a.dtype, a.shape) for n, a in zip(names, inputs)],
+                   [_vi("y", np.float16, (2, 6) + (9,) * spatial)])
+    (got,) = conformance.run(model, inputs)
+    want = _onnxruntime(model, inputs)[0]
+    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= 2 ** -10 * np.abs(want).max()

@@ -332,6 +332,48 @@ class NarrowSoftmax:
         return convert
 
 
+_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+
+
+def wide_conv(base) -> type:
+    """A Conv converter over ``base`` (TVM's) that accumulates float16/bfloat16 products, and
+    adds the bias, in float32 (``out_dtype``) and rounds the result once, as onnxruntime does
+    (TVM's float16 accumulator was off by several ulps)."""
+
+    class Conv:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                result = fallback(bb, inputs, attrs, params)
+                dtype = _narrow(inputs[0])
+                bias = None
+                conv = result
+                if _is_op(result, "relax.add") and _is_op(result.args[0], *_CONVOLUTIONS):
+                    conv, bias = result.args
+                if dtype is None or not _is_op(conv, *_CONVOLUTIONS) or conv.attrs.out_dtype:
+                    return result
+                a = conv.attrs
+                op = getattr(relax.op.nn, conv.op.name.rsplit(".", 1)[1])
+                wide = bb.normalize(op(conv.args[0], conv.args[1], strides=a.strides,
+                                       padding=a.padding, dilation=a.dilation, groups=a.groups,
+                                       data_layout=a.data_layout, kernel_layout=a.kernel_layout,
+                                       out_layout=a.out_layout, out_dtype=WIDE_FLOAT))
+                if bias is not None:
+                    wide = bb.normalize(relax.op.add(wide, relax.op.astype(bias, WIDE_FLOAT)))
+                return relax.op.astype(wide, dtype)
+            return convert
+
+    Conv.__name__ = Conv.__qualname__ = f"Wide{getattr(base, '__name__', 'Conv')}"
+    return Conv
+
+
+def _is_op(expr, *names: str) -> bool:
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name in names)
+
+
 def without_empty_operands(base) -> type:
     """A Concat converter over ``base`` (TVM's) that leaves out the operands with no elements
     along the axis (CausalConvWithState's zero padding of a size-one kernel): TVM folds their
