@@ -55,6 +55,20 @@ def test_reduce_extremum_of_infinities_is_infinite(op, dtype, axes, keepdims):
     _check(model, [x])
 
 
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_reduce_extremum_of_bools_is_any_or_all(op):
+    """ONNX ReduceMax/ReduceMin over bool (opset 20): TOPI has no lowest bool (compile error)."""
+    x = _RNG.random((3, 4, 5)) < 0.3
+    x[0] = True
+    x[1] = False
+    axes = helper.make_tensor("axes", 7, [1], [-1])
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0, name="reduce")
+    model = _model([node], [_vi("x", np.bool_, x.shape)], [_vi("y", np.bool_, (3, 4))], [axes],
+                   opset=20)
+    (got,) = conformance.run(model, [x])
+    np.testing.assert_array_equal(got, _onnxruntime(model, [x])[0])
+
 def test_float16_matmul_accumulates_in_float32():
     """onnxruntime sums float16 products in float32 and rounds once; TVM's float16 accumulator
     rounded every addition (hundreds of the 256 results differed over K=64)."""

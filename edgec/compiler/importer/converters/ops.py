@@ -207,7 +207,8 @@ class IsInf:
 def infinite_extremum(base) -> type:
     """A ReduceMax/ReduceMin converter over ``base`` (TVM's) whose float reduction starts from
     -inf/+inf, as ONNX's does: TOPI's starts from the lowest/highest finite value, so the max of
-    a row of -inf came out -3.4e38 (Attention's fully masked rows test it against -inf)."""
+    a row of -inf came out -3.4e38 (Attention's fully masked rows test it against -inf). Over
+    bool (opset 20) they are any/all: TOPI has no lowest bool and failed to compile."""
 
     class Extremum:
         @classmethod
@@ -221,7 +222,8 @@ def infinite_extremum(base) -> type:
                     return result
                 data = result.args[0]
                 ty = data.ty
-                if not (isinstance(ty, relax.TensorType) and _is_float_dtype(ty.dtype)
+                if not (isinstance(ty, relax.TensorType)
+                        and (_is_float_dtype(ty.dtype) or str(ty.dtype) == "bool")
                         and isinstance(ty.shape, relax.ShapeExpr) and ty.ndim > 0):
                     return result  # no dims to compute over: TOPI's (finite) start stays
                 axis = result.attrs.axis
@@ -237,11 +239,16 @@ def infinite_extremum(base) -> type:
 
 
 def _extremum(x, axes, keepdims: bool, largest: bool):
-    """max (``largest``) or min of ``x`` over ``axes`` (None: all), from -inf or +inf."""
+    """max (``largest``) or min of ``x`` over ``axes`` (None: all), from -inf or +inf (bool:
+    any or all, from False or True)."""
     ndim = len(x.shape)
     reduced = topi.reduction._get_real_axis(ndim, axes)
-    combine = tvm.tirx.Max if largest else tvm.tirx.Min
-    identity = float("-inf") if largest else float("inf")
+    if str(x.dtype) == "bool":
+        combine = tvm.tirx.Or if largest else tvm.tirx.And
+        identity = not largest
+    else:
+        combine = tvm.tirx.Max if largest else tvm.tirx.Min
+        identity = float("-inf") if largest else float("inf")
     reducer = tvm.te.comm_reducer(lambda a, b: combine(a, b),
                                   lambda dtype: tvm.tirx.const(identity, dtype),
                                   name="max" if largest else "min")
