@@ -187,7 +187,8 @@ def _renamed(inner: NodeProto, rename: Callable[[str], str],
 
 
 def _renamed_graph(graph: GraphProto, rename: Callable[[str], str],
-                   attributes: dict[str, AttributeProto], fresh: Callable[[str], str]) -> GraphProto:
+                   attributes: dict[str, AttributeProto],
+                   fresh: Callable[[str], str]) -> GraphProto:
     """A body's subgraph with the values it defines given fresh names and the values it reads
     from the body renamed as the body's are (``rename``)."""
     local = ({v.name for v in graph.input} | {t.name for t in graph.initializer}

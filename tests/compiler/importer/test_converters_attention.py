@@ -146,4 +146,5 @@ def test_float16_conv_accumulates_in_float32(spatial, with_bias):
                    [_vi("y", np.float16, (2, 6) + (9,) * spatial)])
     (got,) = conformance.run(model, inputs)
     want = _onnxruntime(model, inputs)[0]
-    assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() <= 2 ** -10 * np.abs(want).max()
+    error = np.abs(got.astype(np.float32) - want.astype(np.float32)).max()
+    assert error <= 2 ** -10 * np.abs(want).max()
