@@ -269,7 +269,7 @@ def compile(mod: tvm.IRModule, target: Target, options: Options = Options(),  # 
     except EdgecError:
         raise
     except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
-        raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from None
+        raise CompileError(f"compiling for '{target.name}' failed: {describe(exc)}") from exc
     symbols = extern_symbols(prepared)
     addons = native.addons_for(symbols, compiler)
     data = backend.link(executable, target, addons)

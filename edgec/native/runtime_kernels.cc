@@ -1,4 +1,5 @@
-// Kernels for Relax ops whose results have data-dependent shapes, the time loop of recurrent
+// Kernels for Relax ops whose results have data-dependent shapes (NonZero, Unique, and
+// NonMaxSuppression over a run-time box count), the time loop of recurrent
 // layers (edgec_recurrent), and the stacked outputs of Loop and Scan (edgec_rows_*, at the end).
 //
 // TVM 0.27 lowers `relax.nonzero` and `relax.unique` to calls of "relax.run.nonzero" and
@@ -559,6 +560,104 @@ ffi::Tensor RowsAppend(ffi::Tensor rows, ffi::Tensor row, ffi::Tensor index, ffi
   return grown;
 }
 
+// ONNX NonMaxSuppression where the box count is known only at run time (boxes kept after a
+// score filter: TVM's kernel sizes its output from a static count). int64 rows (batch, class,
+// box) per batch and class, in descending score (ties: lower box index first); a box is dropped
+// when its IoU with one kept before exceeds iou_threshold; at most max_boxes per class (absent,
+// empty or 0: none). `has_score_threshold`: drop boxes whose score is not above it. Follows
+// onnx.reference's op (and onnxruntime's), boxes as corners or (center_point_box) centers.
+struct Corners {
+  double x0, x1, y0, y1;
+};
+
+Corners BoxCorners(const DLTensor* boxes, int64_t index, int64_t center_point_box) {
+  double a = AsDouble(boxes, index * 4), b = AsDouble(boxes, index * 4 + 1);
+  double c = AsDouble(boxes, index * 4 + 2), d = AsDouble(boxes, index * 4 + 3);
+  if (center_point_box != 0) return {a - c / 2, a + c / 2, b - d / 2, b + d / 2};
+  return {std::min(b, d), std::max(b, d), std::min(a, c), std::max(a, c)};
+}
+
+bool Overlaps(const Corners& p, const Corners& q, double iou_threshold) {
+  double ix0 = std::max(p.x0, q.x0), ix1 = std::min(p.x1, q.x1);
+  double iy0 = std::max(p.y0, q.y0), iy1 = std::min(p.y1, q.y1);
+  if (ix1 <= ix0 || iy1 <= iy0) return false;
+  double inter = (ix1 - ix0) * (iy1 - iy0);
+  double area_p = (p.x1 - p.x0) * (p.y1 - p.y0), area_q = (q.x1 - q.x0) * (q.y1 - q.y0);
+  double uni = area_p + area_q - inter;
+  if (inter <= 0 || area_p <= 0 || area_q <= 0 || uni <= 0) return false;
+  return inter / uni > iou_threshold;
+}
+
+void CheckFloat(const ffi::Tensor& x, const char* what) {
+  const DLTensor* t = x.GetDLTensorPtr();
+  if (t->dtype.code != kDLFloat || (t->dtype.bits != 32 && t->dtype.bits != 64)) {
+    TVM_FFI_THROW(TypeError) << "edgec_nms: " << what << " must be float32 or float64";
+  }
+}
+
+ffi::Tensor NonMaxSuppression(ffi::Tensor boxes, ffi::Tensor scores, ffi::Tensor max_boxes,
+                              ffi::Tensor iou_threshold, ffi::Tensor score_threshold,
+                              int64_t has_score_threshold, int64_t center_point_box) {
+  for (const ffi::Tensor* t : {&boxes, &scores, &max_boxes, &iou_threshold, &score_threshold}) {
+    CheckCPUContiguous(*t, "edgec_nms");
+  }
+  CheckFloat(boxes, "boxes");
+  CheckFloat(scores, "scores");
+  const DLTensor* b = boxes.GetDLTensorPtr();
+  const DLTensor* s = scores.GetDLTensorPtr();
+  if (b->ndim != 3 || b->shape[2] != 4 || s->ndim != 3 || s->shape[0] != b->shape[0] ||
+      s->shape[2] != b->shape[1]) {
+    TVM_FFI_THROW(ValueError) << "edgec_nms: boxes must be [batch, boxes, 4] and scores "
+                              << "[batch, classes, boxes]";
+  }
+  const DLTensor* k = max_boxes.GetDLTensorPtr();
+  int64_t limit = 0;  // read exactly: "no limit" is INT64_MAX, which a double rounds past
+  if (NumElements(k) != 0) {
+    limit = k->dtype.code == kDLInt && k->dtype.bits == 64
+                ? *reinterpret_cast<const int64_t*>(ElementBytes(k, 0))
+                : static_cast<int64_t>(std::min(AsDouble(k, 0), 9.0e18));
+  }
+  double iou = NumElements(iou_threshold.GetDLTensorPtr()) == 0
+                   ? 0.0 : AsDouble(iou_threshold.GetDLTensorPtr(), 0);
+  bool filter = has_score_threshold != 0 && NumElements(score_threshold.GetDLTensorPtr()) != 0;
+  double floor = filter ? AsDouble(score_threshold.GetDLTensorPtr(), 0) : 0.0;
+  int64_t batches = b->shape[0], count = b->shape[1], classes = s->shape[1];
+  std::vector<int64_t> rows;  // (batch, class, box) triples
+  std::vector<int64_t> order;
+  std::vector<Corners> corners(count);
+  for (int64_t n = 0; n < batches && limit > 0; ++n) {
+    for (int64_t i = 0; i < count; ++i) corners[i] = BoxCorners(b, n * count + i, center_point_box);
+    for (int64_t c = 0; c < classes; ++c) {
+      int64_t base = (n * classes + c) * count;
+      order.clear();
+      for (int64_t i = 0; i < count; ++i) {
+        if (!filter || AsDouble(s, base + i) > floor) order.push_back(i);
+      }
+      std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) {
+        return AsDouble(s, base + p) > AsDouble(s, base + q);
+      });
+      std::vector<int64_t> kept;
+      for (int64_t i : order) {
+        if (static_cast<int64_t>(kept.size()) >= limit) break;
+        bool keep = true;
+        for (int64_t j : kept) {
+          if (Overlaps(corners[i], corners[j], iou)) {
+            keep = false;
+            break;
+          }
+        }
+        if (!keep) continue;
+        kept.push_back(i);
+        rows.insert(rows.end(), {n, c, i});
+      }
+    }
+  }
+  int64_t selected = static_cast<int64_t>(rows.size() / 3);
+  ffi::Tensor out = Empty({selected, 3}, DLDataType{kDLInt, 64, 1});
+  std::copy(rows.begin(), rows.end(), static_cast<int64_t*>(out.data_ptr()));
+  return out;
+}
+
 // The first `count` rows of `rows`, without a copy: the loop's stacked output.
 ffi::Tensor RowsTake(ffi::Tensor rows, ffi::Tensor count) {
   const DLTensor* r = rows.GetDLTensorPtr();
@@ -584,6 +683,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_rows_take, RowsTake);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_nonzero)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_nonzero, NonZero);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_nms)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_nms, NonMaxSuppression);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_unique)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_unique, Unique);

@@ -13,7 +13,7 @@ from typing import Any
 
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.importer.converters import ops, shape_values, shapes
+from edgec.compiler.importer.converters import ops, shape_values, shapes, tensor_ops
 from edgec.compiler.importer.converters.control_flow import LAZY_IF, LazyIf, Loop, Scan
 from edgec.compiler.importer.converters.slicing import Slice, checked_squeeze
 from edgec.compiler.importer.recurrent import RECURRENT_KERNEL, RecurrentLoop
@@ -46,6 +46,12 @@ CONVERTERS: dict[str, type] = {
     "Softmax": ops.NarrowSoftmax,
     "Conv": ops.wide_conv(onnx_frontend.Conv),
     "Concat": ops.without_empty_operands(onnx_frontend.Concat),
+    "BitCast": tensor_ops.BitCast,
+    "Col2Im": tensor_ops.Col2Im,
+    "DeformConv": tensor_ops.DeformConv,
+    "TensorScatter": tensor_ops.TensorScatter,
+    "Det": tensor_ops.Det,
+    "ReverseSequence": tensor_ops.ReverseSequence,
 }
 # Shape values computed on the dims, over edgec's and TVM's converters (which run otherwise).
 CONVERTERS.update(shape_values.converters(CONVERTERS))

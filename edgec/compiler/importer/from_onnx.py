@@ -50,6 +50,11 @@ def convert(name: str, proto: onnx.ModelProto, converters: Mapping[str, Any]) ->
                          f"{exc.describe(describe(exc.cause))}") from None
     except Exception as exc:  # the importer raises many types; each is a model it cannot handle
         raise ModelError(f"model '{name}' failed to import: {describe(exc)}") from None
+    if any(node.op_type == "If" for node in proto.graph.node):
+        # TVM's importer opens one dataflow block over the whole graph unless it sees an If;
+        # renamed to LAZY_IF they land inside it, which FuseOps cannot take ("it_creator !=
+        # group2func_" on a detector's NMS branch): ungroup before regrouping around them.
+        mod = relax.transform.ToNonDataflow()(mod)
     # The importer emits no dataflow block when shape logic or an If sits at the top level, and
     # operator fusion only works inside dataflow blocks: regroup the pure bindings.
     return relax.transform.ConvertToDataflow()(mod)

@@ -223,6 +223,88 @@ def test_nms_with_a_runtime_iou_threshold_is_a_clear_error():
         import_model(from_proto(model))
 
 
+def _detector_nms_model(center_point_box, score_threshold):
+    """A detector's batched NMS: boxes of a run-time count, "no limit" written as INT64_MAX (what
+    torchvision exports), a score threshold or none."""
+    inits = [numpy_helper.from_array(np.array([2**63 - 1], np.int64), "max"),
+             numpy_helper.from_array(np.array([0.45], np.float32), "iou")]
+    names = ["boxes", "scores", "max", "iou"]
+    if score_threshold is not None:
+        inits.append(numpy_helper.from_array(np.array([score_threshold], np.float32), "score"))
+        names.append("score")
+    node = helper.make_node("NonMaxSuppression", names, ["sel"], name="nms",
+                            center_point_box=center_point_box)
+    inputs = [_vi("boxes", np.float32, [1, "n", 4]), _vi("scores", np.float32, [1, 3, "n"])]
+    return _model([node], inputs, [_vi("sel", np.int64, [None, 3])], inits, opset=11)
+
+
+def _boxes(n, seed):
+    rng = np.random.default_rng(seed)
+    corner = rng.uniform(0, 8, (1, n, 2)).astype(np.float32)
+    size = rng.uniform(0.5, 3, (1, n, 2)).astype(np.float32)
+    boxes = np.concatenate([corner, corner + size], axis=2)
+    boxes[0, ::4] = boxes[0, ::4][:, [2, 3, 0, 1]]  # corners in either order
+    scores = rng.permutation(3 * n).reshape(1, 3, n).astype(np.float32) / (3 * n)
+    return boxes, scores
+
+
+@pytest.mark.parametrize("center_point_box,score_threshold", [(0, 0.2), (1, 0.2), (0, None)])
+def test_nms_over_a_run_time_box_count_matches_onnx(center_point_box, score_threshold, tmp_path):
+    """One program for every box count (edgec's CPU kernel): counts seen when profiling and one
+    never seen, against ONNX's reference."""
+    from edgec import runtime
+    from edgec.core.samples import Sample
+    from edgec.driver import compile as compile_model
+
+    model = _detector_nms_model(center_point_box, score_threshold)
+    samples = [dict(zip(("boxes", "scores"), _boxes(n, n))) for n in (12, 30)]
+    artifact = compile_model(from_proto(model, "nms"),
+                             [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
+    compiled = runtime.load(artifact.save(tmp_path / "nms.edgec"))
+    for arrays in samples + [dict(zip(("boxes", "scores"), _boxes(n, 99 + n))) for n in (1, 45)]:
+        want = _reference(model, [arrays["boxes"], arrays["scores"]])[0]
+        np.testing.assert_array_equal(compiled.run(arrays)["sel"], want)
+    assert "edgec_nms" in import_model(from_proto(model)).script()
+
+
+def test_nms_in_a_top_level_if_then_cut_and_gathered_after_it(tmp_path):
+    """torchvision's batched NMS: ``If(boxes empty) then [] else NMS(...)[:, 2]``, its result cut
+    to at most 5 and used to gather boxes after the If. The top-level If must not land inside
+    a dataflow block (FuseOps failed: "it_creator != group2func_")."""
+    from edgec import runtime
+    from edgec.core.samples import Sample
+    from edgec.driver import compile as compile_model
+
+    consts = {"max": np.array([2**63 - 1], np.int64), "iou": np.array([0.45], np.float32),
+              "score": np.array([0.2], np.float32), "two": np.array([2], np.int64),
+              "one": np.array([1], np.int64), "zero": np.array([0], np.int64),
+              "cap": np.array([5], np.int64), "none": np.zeros([0], np.int64)}
+    nms = helper.make_graph(
+        [helper.make_node("NonMaxSuppression", ["boxes", "scores", "max", "iou", "score"], ["sel"]),
+         helper.make_node("Gather", ["sel", "two"], ["col"], axis=1),
+         helper.make_node("Squeeze", ["col", "one"], ["keep"])],
+        "nms", [], [_vi("keep", np.int64, ["k"])])
+    empty = helper.make_graph([helper.make_node("Identity", ["none"], ["nothing"])], "empty", [],
+                              [_vi("nothing", np.int64, ["k"])])
+    nodes = [helper.make_node("Shape", ["boxes"], ["shape"]),
+             helper.make_node("ReduceProd", ["shape"], ["numel"], keepdims=0),
+             helper.make_node("Equal", ["numel", "zero"], ["is_empty"]),
+             helper.make_node("If", ["is_empty"], ["kept"], then_branch=empty, else_branch=nms),
+             helper.make_node("Slice", ["kept", "zero", "cap"], ["top"]),
+             helper.make_node("Squeeze", ["boxes", "zero"], ["flat"]),
+             helper.make_node("Gather", ["flat", "top"], ["picked"], axis=0)]
+    model = _model(nodes, [_vi("boxes", np.float32, [1, "n", 4]), _vi("scores", np.float32, [1, 3, "n"])],
+                   [_vi("picked", np.float32, ["m", 4])],
+                   [numpy_helper.from_array(v, k) for k, v in consts.items()], opset=13)
+    samples = [dict(zip(("boxes", "scores"), _boxes(n, n))) for n in (12, 30)]
+    artifact = compile_model(from_proto(model, "nms_if"),
+                             [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
+    compiled = runtime.load(artifact.save(tmp_path / "nms_if.edgec"))
+    for arrays in samples + [dict(zip(("boxes", "scores"), _boxes(n, 7 + n))) for n in (2, 41)]:
+        want = _reference(model, [arrays["boxes"], arrays["scores"]])[0]
+        np.testing.assert_array_equal(compiled.run(arrays)["picked"], want)
+
+
 def test_resize_that_tvm_computes_right_stays_one_resize2d():
     x_info = _vi("x", np.float32, (1, 2, 4, 4))
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", name="resize")

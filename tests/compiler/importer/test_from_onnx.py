@@ -46,14 +46,13 @@ def test_import_names_unsupported_ops():
 
 def test_an_import_failure_names_the_node_its_op_opset_and_input_types():
     graph = helper.make_graph(
-        [helper.make_node("TopK", ["x", "k"], ["v", "i"], name="pick_top")], "topk",
+        [helper.make_node("Pad", ["x", "pads"], ["y"], name="pad_edges", mode="reflect")], "pad",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8]),
-         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
-        [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["n", None]),
-         helper.make_tensor_value_info("i", TensorProto.INT64, ["n", None])])
+         helper.make_tensor_value_info("pads", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(ModelError) as error:
-        import_model(from_proto(model, "topk"))
+        import_model(from_proto(model, "pad"))
     message = str(error.value)
-    assert "node 'pick_top' (TopK, opset 17, inputs float32[n, 8], int64[1])" in message
+    assert "node 'pad_edges' (Pad, opset 17, inputs float32[n, 8], int64[4])" in message
     assert "\n" not in message

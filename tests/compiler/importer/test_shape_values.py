@@ -245,3 +245,50 @@ def test_range_over_a_conv_length_computed_from_the_input_length():
     script = _script(model)
     assert 'R.Tensor((1, 2, (n - 3) // 2 + 1), dtype="float32") = R.add' in script, script
     _check(model, [{"x": np.random.rand(1, 1, n).astype(np.float32)} for n in (3, 8, 11)])
+
+
+def _topk_check(model, samples, unseen):
+    """``_check`` on ``samples``, then ``unseen`` run on the same artifact: values the profile
+    never saw, so the program's run-time k (not a specialization for a seen one) is what runs."""
+    _check(model, samples)
+    loaded = from_proto(model, "case")
+    artifact = compile_model(loaded, [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
+    session = ort.InferenceSession(model.SerializeToString())
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = runtime.load(artifact.save(Path(tmp) / "case.edgec"))
+        for sample in unseen:
+            got = compiled.run(sample)
+            for spec, want in zip(session.get_outputs(), session.run(None, sample)):
+                np.testing.assert_array_equal(np.asarray(got[spec.name]), want)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_with_k_from_an_input_that_changes_per_call(largest):
+    """k is a graph input with a different value on each sample: one program whose outputs'
+    length is k's value at run time, not "TopK k must be a constant"."""
+    nodes = [h.make_node("TopK", ["x", "k"], ["values", "indices"], axis=1, largest=largest)]
+    model = _model(nodes, [_f("x", ["n", 12]), h.make_tensor_value_info("k", T.INT64, [1])],
+                   [_f("values", ["n", "k"]), h.make_tensor_value_info("indices", T.INT64, ["n", "k"])])
+    rng = np.random.default_rng(0)
+
+    def sample(n, k):  # distinct values: the order is well defined
+        x = rng.permutation(n * 12).reshape(n, 12).astype(np.float32)
+        return {"x": x, "k": np.array([k], np.int64)}
+
+    _topk_check(model, [sample(2, 3), sample(1, 5), sample(3, 1)], [sample(2, 7), sample(4, 12)])
+
+
+def test_topk_of_at_most_n_boxes_keeps_the_min_as_its_length():
+    """A detector's NMS idiom: k = min(4, number of candidates), the candidates' count a dim."""
+    nodes = [h.make_node("Shape", ["scores"], ["shape"]),
+             h.make_node("Slice", ["shape", "zero", "one"], ["count"]),
+             h.make_node("Concat", ["cap", "count"], ["both"], axis=0),
+             h.make_node("ReduceMin", ["both"], ["k"], keepdims=1),
+             h.make_node("TopK", ["scores", "k"], ["values", "indices"], axis=0)]
+    model = _model([_c("zero", [0]), _c("one", [1]), _c("cap", [4])] + nodes,
+                   [_f("scores", ["n"])],
+                   [_f("values", ["m"]), h.make_tensor_value_info("indices", T.INT64, ["m"])])
+    assert "T.min" in _script(model)
+    rng = np.random.default_rng(1)
+    scores = [rng.permutation(n).astype(np.float32) for n in (6, 2, 9)]
+    _topk_check(model, [{"scores": s} for s in scores[:2]], [{"scores": scores[2]}])

@@ -784,9 +784,12 @@ class Resize:
 
 
 class NonMaxSuppression:
-    """ONNX NonMaxSuppression: ONNX suppresses a box whose IoU is *above* iou_threshold (absent:
-    0), TVM's kernel one at or above it (absent: 0.5), so the threshold handed to TVM is the next
-    float32 up; a threshold known only at run time is an error (TVM's converter would use 0.5)."""
+    """ONNX NonMaxSuppression. Over a static box count, TVM's kernel: ONNX suppresses a box whose
+    IoU is *above* iou_threshold (absent: 0), TVM's kernel one at or above it (absent: 0.5), so the
+    threshold handed to TVM is the next float32 up, and a threshold known only at run time is an
+    error (TVM's converter would use 0.5). Over a box count known only at run time (the boxes a
+    detector keeps after its score filter; TVM sizes its output from a static count), edgec's
+    CPU kernel ``edgec_nms`` (native/runtime_kernels.cc), ONNX's semantics exactly."""
 
     @classmethod
     def get_converter(cls, opset: int) -> Callable:
@@ -795,6 +798,10 @@ class NonMaxSuppression:
         def convert(bb, inputs, attrs, params):
             inputs = list(inputs) + [None] * (5 - len(inputs))
             name = attrs.get("tvm_custom", {}).get("name", "NonMaxSuppression")
+            boxes_ty = getattr(inputs[0], "ty", None)
+            if not (isinstance(boxes_ty, relax.TensorType) and boxes_ty.shape is not None
+                    and isinstance(boxes_ty.shape.values[1], tvm.tirx.IntImm)):
+                return _native_nms(bb, inputs, int(attrs.get("center_point_box", 0)))
             threshold = inputs[3]
             if threshold is None:
                 value = 0.0
@@ -807,16 +814,36 @@ class NonMaxSuppression:
                                  "(a constant or a fixed input)")
             above = np.nextafter(np.float32(value), np.float32(np.inf))
             inputs[3] = relax.const(np.array([above], np.float32))
-            # TVM's kernel crashes the process on boxes or scores of unknown dims (known rank):
-            # give them fresh symbolic dims.
-            for k in (0, 1):
-                ty = getattr(inputs[k], "ty", None)
-                if isinstance(ty, relax.TensorType) and ty.shape is None and ty.ndim >= 0:
-                    dims = [tvm.tirx.Var(f"nms{k}_{d}", "int64") for d in range(ty.ndim)]
-                    value = inputs[k] if isinstance(inputs[k], relax.Var) else bb.emit(inputs[k])
-                    inputs[k] = bb.match_cast(value, relax.TensorType(dims, ty.dtype))
+            # Exporters write "no limit" as INT64_MAX (torchvision's batched NMS); TVM's kernel
+            # sizes its output by the limit, as an int32: at most every box is kept.
+            limit = inputs[2]
+            if isinstance(limit, tvm.ir.GenericConst):
+                boxes = int(boxes_ty.shape.values[1])
+                if int(np.asarray(limit.value.numpy()).reshape(-1)[0]) > boxes:
+                    inputs[2] = relax.const(np.array([boxes], np.int64), "int64")
+            # TVM's kernel crashes the process on scores of unknown dims (known rank): give
+            # them fresh symbolic dims.
+            ty = getattr(inputs[1], "ty", None)
+            if isinstance(ty, relax.TensorType) and ty.shape is None and ty.ndim >= 0:
+                dims = [tvm.tirx.Var(f"nms1_{d}", "int64") for d in range(ty.ndim)]
+                value = inputs[1] if isinstance(inputs[1], relax.Var) else bb.emit(inputs[1])
+                inputs[1] = bb.match_cast(value, relax.TensorType(dims, ty.dtype))
             return fallback(bb, inputs, attrs, params)
         return convert
+
+
+def _native_nms(bb: relax.BlockBuilder, inputs: list, center_point_box: int) -> relax.Expr:
+    """``edgec_nms`` on ``inputs`` (absent ones as ONNX's defaults): [selected, 3] int64, the
+    row count a fresh dim."""
+    def tensor(value, default, dtype):
+        return relax.const(np.array(default, dtype), dtype) if value is None else value
+
+    args = [inputs[0], inputs[1], tensor(inputs[2], [0], "int64"), tensor(inputs[3], [0.0], "float32"),
+            tensor(inputs[4], [0.0], "float32"), relax.prim_value(int(inputs[4] is not None)),
+            relax.prim_value(center_point_box)]
+    rows = bb.emit(relax.op.call_pure_packed("edgec_nms", *args,
+                                             ty_args=[relax.TensorType(ndim=2, dtype="int64")]))
+    return bb.match_cast(rows, relax.TensorType([tvm.tirx.Var("nms_selected", "int64"), 3], "int64"))
 
 
 def _dequantized(bb, x, scale, zero_point, axis: int):

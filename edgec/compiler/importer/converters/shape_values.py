@@ -1048,6 +1048,42 @@ class Slice:
         return convert
 
 
+class TopK:
+    """ONNX TopK (opset 10+) whose k is computed at run time: from shapes (``min(300, n)`` in a
+    detector's NMS) or from data (a graph input that differs per call). A full sort along the
+    axis, then both outputs sliced to ``min(k, dim)``: one program whose output dim is that
+    expression, or a fresh dim read from k's value. A constant k keeps TVM's converter."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.TopK.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            data, k = inputs[0], inputs[1] if len(inputs) > 1 else None
+            if opset < 10 or k is None or isinstance(k, tvm.ir.GenericConst):
+                return fallback(bb, inputs, attrs, params)
+            ty = data.ty
+            if not isinstance(ty, relax.TensorType) or ty.shape is None:
+                return fallback(bb, inputs, attrs, params)
+            rank = len(ty.shape.values)
+            axis = int(attrs.get("axis", -1)) % rank
+            count = _scalar_of(bb, k)
+            if count is None:  # from data: one fresh dim, the value of k
+                count = edgec_ops.shape_with_dims(
+                    bb, bb.normalize(relax.op.reshape(relax.op.astype(k, "int64"), [1]))).values[0]
+            else:
+                count = _cast(count, "int64")
+            end = simplify(tirx.min(count, ty.shape.values[axis]), bb)
+            largest = bool(int(attrs.get("largest", 1)))
+            ordered = bb.emit(relax.op.topk(data, -1, axis, ret_type="both", largest=largest,
+                                            dtype="int64"))
+            values, indices = (bb.emit(relax.op.strided_slice(
+                relax.TupleGetItem(ordered, i), [axis], [_imm(0, "int64")], [end],
+                assume_inbound=True)) for i in (0, 1))
+            return relax.Tuple([values, indices])
+        return convert
+
+
 def _nonnegative(expr: tirx.PrimExpr, bb: relax.BlockBuilder | None = None) -> bool:
     with contextlib.ExitStack() as stack:
         return _analyzer(expr, bb, stack).can_prove(expr >= 0)
@@ -1091,6 +1127,7 @@ def converters(base: dict) -> dict[str, type]:
         "Expand": Expand,
         "Tile": Tile,
         "Pad": Pad,
+        "TopK": TopK,
         "Slice": type("Slice", (Slice,), {"base": base.get("Slice")}),
     })
     table["ConstantOfShape"] = _with_shape_input(base["ConstantOfShape"], 0)
