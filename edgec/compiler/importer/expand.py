@@ -5,7 +5,8 @@ Many ONNX operators (``NegativeLogLikelihoodLoss``, ``SoftmaxCrossEntropyLoss``,
 some bodies depend on the node's attributes and input types ("context-dependent"). A node of such
 an op that no converter handles (or whose TVM converter implements another op of the same name,
 see ``ALWAYS_EXPAND``) is replaced by its body, with names prefixed by the node's name, the same
-expansion ONNX uses for its ``*_expanded`` test models. Expansion repeats for ops inside bodies.
+expansion ONNX uses for its ``*_expanded`` test models; a body's subgraphs (LinearAttention's Scan
+step) have the values they define prefixed too. Expansion repeats for ops inside bodies.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import warnings
 from typing import Callable
 
 import onnx
-from onnx import AttributeProto, FunctionProto, NodeProto, TypeProto
+from onnx import AttributeProto, FunctionProto, GraphProto, NodeProto, TypeProto
 
 from edgec.core.model import all_graphs, all_nodes
 
@@ -138,9 +139,7 @@ def _expand(node: NodeProto, opset: int, types: dict[str, TypeProto]) -> list[No
 
     body = []
     for index, inner in enumerate(function.node):
-        new = _renamed(inner, rename, attributes)
-        if new is None:
-            return None
+        new = _renamed(inner, rename, attributes, lambda name: prefix + name)
         new.name = f"{prefix}{inner.name or inner.op_type}_{index}"
         body.append(new)
     return body
@@ -158,8 +157,9 @@ def _with_defaults(node: NodeProto, schema) -> NodeProto:
 
 
 def _renamed(inner: NodeProto, rename: Callable[[str], str],
-             attributes: dict[str, AttributeProto]) -> NodeProto | None:
-    """A body node with edges renamed and attribute references resolved (None: a subgraph)."""
+             attributes: dict[str, AttributeProto], fresh: Callable[[str], str]) -> NodeProto:
+    """A body node with edges renamed and attribute references resolved, in its subgraphs
+    (a Scan's or Loop's body) too; ``fresh`` names the values a subgraph defines."""
     new = NodeProto()
     new.CopyFrom(inner)
     new.ClearField("input")
@@ -174,8 +174,43 @@ def _renamed(inner: NodeProto, rename: Callable[[str], str],
                 resolved.CopyFrom(attributes[attr.ref_attr_name])
                 resolved.name = attr.name
                 new.attribute.append(resolved)
-        elif attr.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS):
-            return None  # bodies with subgraphs would need their scopes renamed too
-        else:
-            new.attribute.append(attr)
+            continue
+        copy = AttributeProto()
+        copy.CopyFrom(attr)
+        if attr.type == AttributeProto.GRAPH:
+            copy.g.CopyFrom(_renamed_graph(attr.g, rename, attributes, fresh))
+        elif attr.type == AttributeProto.GRAPHS:
+            del copy.graphs[:]
+            copy.graphs.extend(_renamed_graph(g, rename, attributes, fresh) for g in attr.graphs)
+        new.attribute.append(copy)
+    return new
+
+
+def _renamed_graph(graph: GraphProto, rename: Callable[[str], str],
+                   attributes: dict[str, AttributeProto],
+                   fresh: Callable[[str], str]) -> GraphProto:
+    """A body's subgraph with the values it defines given fresh names and the values it reads
+    from the body renamed as the body's are (``rename``)."""
+    local = ({v.name for v in graph.input} | {t.name for t in graph.initializer}
+             | {t.values.name for t in graph.sparse_initializer}
+             | {name for node in graph.node for name in node.output})
+
+    def inner(name: str) -> str:
+        if not name:
+            return ""
+        return fresh(name) if name in local else rename(name)
+
+    new = GraphProto()
+    new.CopyFrom(graph)
+    new.ClearField("node")
+    for index, node in enumerate(graph.node):
+        renamed = _renamed(node, inner, attributes, fresh)
+        renamed.name = fresh(f"{graph.name}_{node.name or node.op_type}_{index}")
+        new.node.append(renamed)
+    for value in list(new.input) + list(new.output) + list(new.value_info):
+        value.name = inner(value.name)
+    for tensor in new.initializer:
+        tensor.name = inner(tensor.name)
+    for sparse in new.sparse_initializer:
+        sparse.values.name = inner(sparse.values.name)
     return new

@@ -204,6 +204,215 @@ class IsInf:
         return convert
 
 
+def infinite_extremum(base) -> type:
+    """A ReduceMax/ReduceMin converter over ``base`` (TVM's) whose float reduction starts from
+    -inf/+inf, as ONNX's does: TOPI's starts from the lowest/highest finite value, so the max of
+    a row of -inf came out -3.4e38 (Attention's fully masked rows test it against -inf). Over
+    bool (opset 20) they are any/all: TOPI has no lowest bool and failed to compile."""
+
+    class Extremum:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                result = fallback(bb, inputs, attrs, params)
+                if not (isinstance(result, relax.Call) and isinstance(result.op, tvm.ir.Op)
+                        and result.op.name in ("relax.max", "relax.min")):
+                    return result
+                data = result.args[0]
+                ty = data.ty
+                if not (isinstance(ty, relax.TensorType)
+                        and (_is_float_dtype(ty.dtype) or str(ty.dtype) == "bool")
+                        and isinstance(ty.shape, relax.ShapeExpr) and ty.ndim > 0):
+                    return result  # no dims to compute over: TOPI's (finite) start stays
+                axis = result.attrs.axis
+                axes = None if axis is None else [int(a) for a in axis]
+                if axes == []:
+                    return result
+                return bb.emit_te(_extremum, data, axes, bool(result.attrs.keepdims),
+                                  result.op.name == "relax.max")
+            return convert
+
+    Extremum.__name__ = Extremum.__qualname__ = getattr(base, "__name__", "Extremum")
+    return Extremum
+
+
+def _extremum(x, axes, keepdims: bool, largest: bool):
+    """max (``largest``) or min of ``x`` over ``axes`` (None: all), from -inf or +inf (bool:
+    any or all, from False or True)."""
+    ndim = len(x.shape)
+    reduced = topi.reduction._get_real_axis(ndim, axes)
+    if str(x.dtype) == "bool":
+        combine = tvm.tirx.Or if largest else tvm.tirx.And
+        identity = not largest
+    else:
+        combine = tvm.tirx.Max if largest else tvm.tirx.Min
+        identity = float("-inf") if largest else float("inf")
+    reducer = tvm.te.comm_reducer(lambda a, b: combine(a, b),
+                                  lambda dtype: tvm.tirx.const(identity, dtype),
+                                  name="max" if largest else "min")
+    k = {a: tvm.te.reduce_axis((0, x.shape[a]), name=f"k{a}") for a in reduced}
+    if keepdims:
+        shape = [1 if a in k else x.shape[a] for a in range(ndim)]
+    else:
+        shape = [x.shape[a] for a in range(ndim) if a not in k]
+
+    def body(*index):
+        index = list(index)
+        full = []
+        for a in range(ndim):
+            if a in k:
+                full.append(k[a])
+                if keepdims:
+                    index.pop(0)
+            else:
+                full.append(index.pop(0))
+        return reducer(x[tuple(full)], axis=list(k.values()))
+
+    return tvm.te.compute(shape, body, name="max" if largest else "min", tag="comm_reduce")
+
+
+# Float types narrower than float32: onnxruntime accumulates their MatMul and Conv in float32 and
+# rounds the result once (TVM's float16 accumulator rounded every addition: 377 of 512 results
+# of a K=64 matmul differed).
+_NARROW_FLOATS = ("float16", "bfloat16")
+WIDE_FLOAT = "float32"
+
+
+def _narrow(expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TensorType) and str(ty.dtype) in _NARROW_FLOATS:
+        return str(ty.dtype)
+    return None
+
+
+def wide_matmul(base) -> type:
+    """A MatMul converter over ``base`` (TVM's) that accumulates float16/bfloat16 products in
+    float32 (``out_dtype``, as ``ToMixedPrecision`` emits it) and rounds the result once."""
+
+    class MatMul:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                result = fallback(bb, inputs, attrs, params)
+                dtype = _narrow(inputs[0])
+                if (dtype is None or _narrow(inputs[1]) != dtype
+                        or not (isinstance(result, relax.Call) and isinstance(result.op, tvm.ir.Op)
+                                and result.op.name == "relax.matmul")):
+                    return result
+                wide = bb.normalize(relax.op.matmul(result.args[0], result.args[1],
+                                                    out_dtype=WIDE_FLOAT))
+                return relax.op.astype(wide, dtype)
+            return convert
+
+    MatMul.__name__ = MatMul.__qualname__ = f"Wide{getattr(base, '__name__', 'MatMul')}"
+    return MatMul
+
+
+class NarrowSoftmax:
+    """ONNX Softmax (opset 13+) over float16/bfloat16: ``x - max`` and the exponentials computed
+    in float32, the exponentials rounded to the input's type (as ONNX's reference rounds them;
+    Attention's float16 cases are checked against it at 1e-3, a float32 softmax missed one),
+    summed in float32 and divided in the input's type. TVM's kernel summed in float16,
+    rounding every addition: 8 to 20 ulps from onnxruntime over 200 terms, 2 here. Other types
+    and opsets go to ``base``."""
+
+    base = onnx_frontend.Softmax
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = cls.base.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            x = inputs[0]
+            dtype = _narrow(x)
+            if dtype is None or opset < 13:
+                return fallback(bb, inputs, attrs, params)
+            axis = int(attrs.get("axis", -1))
+            wide = bb.normalize(relax.op.astype(x, WIDE_FLOAT))
+            peak = bb.normalize(relax.op.max(wide, [axis], keepdims=True))
+            exp = bb.normalize(relax.op.astype(relax.op.exp(relax.op.subtract(wide, peak)), dtype))
+            total = relax.op.sum(relax.op.astype(exp, WIDE_FLOAT), [axis], keepdims=True)
+            return relax.op.divide(exp, relax.op.astype(total, dtype))
+        return convert
+
+
+_CONVOLUTIONS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+
+
+def wide_conv(base) -> type:
+    """A Conv converter over ``base`` (TVM's) that accumulates float16/bfloat16 products, and
+    adds the bias, in float32 (``out_dtype``) and rounds the result once, as onnxruntime does
+    (TVM's float16 accumulator was off by several ulps)."""
+
+    class Conv:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                result = fallback(bb, inputs, attrs, params)
+                dtype = _narrow(inputs[0])
+                bias = None
+                conv = result
+                if _is_op(result, "relax.add") and _is_op(result.args[0], *_CONVOLUTIONS):
+                    conv, bias = result.args
+                if dtype is None or not _is_op(conv, *_CONVOLUTIONS) or conv.attrs.out_dtype:
+                    return result
+                a = conv.attrs
+                op = getattr(relax.op.nn, conv.op.name.rsplit(".", 1)[1])
+                wide = bb.normalize(op(conv.args[0], conv.args[1], strides=a.strides,
+                                       padding=a.padding, dilation=a.dilation, groups=a.groups,
+                                       data_layout=a.data_layout, kernel_layout=a.kernel_layout,
+                                       out_layout=a.out_layout, out_dtype=WIDE_FLOAT))
+                if bias is not None:
+                    wide = bb.normalize(relax.op.add(wide, relax.op.astype(bias, WIDE_FLOAT)))
+                return relax.op.astype(wide, dtype)
+            return convert
+
+    Conv.__name__ = Conv.__qualname__ = f"Wide{getattr(base, '__name__', 'Conv')}"
+    return Conv
+
+
+def _is_op(expr, *names: str) -> bool:
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name in names)
+
+
+def without_empty_operands(base) -> type:
+    """A Concat converter over ``base`` (TVM's) that leaves out the operands with no elements
+    along the axis (CausalConvWithState's zero padding of a size-one kernel): TVM folds their
+    zeros into a constant with no elements, which the VM cannot load from an artifact."""
+
+    class Concat:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                axis = int(attrs.get("axis", 0))
+                kept = [x for x in inputs if not _empty_along(x, axis)]
+                if kept and len(kept) < len(inputs):
+                    return kept[0] if len(kept) == 1 else fallback(bb, kept, attrs, params)
+                return fallback(bb, inputs, attrs, params)
+            return convert
+
+    Concat.__name__ = Concat.__qualname__ = f"NonEmpty{getattr(base, '__name__', 'Concat')}"
+    return Concat
+
+
+def _empty_along(expr, axis: int) -> bool:
+    ty = getattr(expr, "ty", None)
+    if not (isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
+            and ty.ndim > 0):
+        return False
+    extent = ty.shape.values[axis % ty.ndim]
+    return isinstance(extent, tvm.tirx.IntImm) and int(extent) == 0
+
+
 class SpaceToDepth:
     """ONNX SpaceToDepth with ``mode`` (opset 28 adds CRD; TVM's converter always does DCR)."""
 
