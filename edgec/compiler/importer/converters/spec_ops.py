@@ -1,0 +1,143 @@
+"""Converters for corners of the ONNX spec that TVM 0.27's converters miss: attributes they
+ignore or refuse, dtypes they do not keep, outputs they do not produce. Each wraps TVM's
+converter and handles only the case it lacks; the rest goes to TVM's converter unchanged."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from edgec.compiler.ir import constant
+
+
+def _dtype(ty) -> str:
+    return str(ty.dtype)
+
+
+class EyeLike:
+    """ONNX EyeLike with a ``dtype`` attribute (TVM's converter refuses one that differs from
+    the input's, and TVM's legalization of ``eye_like`` ignores its dtype: a cast follows)."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        def convert(bb, inputs, attrs, params):
+            x = inputs[0]
+            dtype = onnx_frontend.get_type(attrs["dtype"]) if "dtype" in attrs else _dtype(x.ty)
+            eye = relax.op.eye_like(x, attrs.get("k", 0))
+            return eye if dtype == _dtype(x.ty) else relax.op.astype(bb.normalize(eye), dtype)
+        return convert
+
+
+def bool_as_uint8(op_type: str) -> type:
+    """A converter for ``op_type`` that runs TVM's on uint8 when the data is bool (min/max of
+    bools is and/or of them; TVM's reductions have no bool identity) and casts back."""
+    base = onnx_frontend._get_convert_map()[op_type]
+
+    class BoolAsUint8:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            fallback = base.get_converter(opset)
+
+            def convert(bb, inputs, attrs, params):
+                if inputs[0] is None or _dtype(inputs[0].ty) != "bool":
+                    return fallback(bb, inputs, attrs, params)
+                data = bb.normalize(relax.op.astype(inputs[0], "uint8"))
+                result = bb.normalize(fallback(bb, [data, *inputs[1:]], attrs, params))
+                return relax.op.astype(result, "bool")
+            return convert
+
+    BoolAsUint8.__name__ = op_type
+    return BoolAsUint8
+
+
+class Split:
+    """ONNX Split whose parts include empty ones: each part is a slice (TVM's split needs
+    strictly increasing split points)."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.Split.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            x = inputs[0]
+            count = attrs["tvm_custom"]["num_outputs"]
+            rank = x.ty.ndim
+            axis = attrs.get("axis", 0)
+            axis = axis + rank if axis < 0 else axis
+            sizes = _split_sizes(inputs, attrs, opset)
+            if sizes is None or all(sizes):
+                return fallback(bb, inputs, attrs, params)
+            if len(sizes) != count:
+                raise ValueError(f"split gives {len(sizes)} sizes for {count} outputs")
+            parts, begin = [], 0
+            for size in sizes:
+                parts.append(bb.normalize(relax.op.strided_slice(
+                    x, axes=[axis], begin=[begin], end=[begin + size])))
+                begin += size
+            return relax.Tuple(parts)
+        return convert
+
+
+def _split_sizes(inputs, attrs, opset: int) -> list[int] | None:
+    """The sizes of the parts when given (the ``split`` attribute or a constant input)."""
+    if opset < 13:
+        split = attrs.get("split")
+        if split is None and len(inputs) > 1 and isinstance(inputs[1], tvm.ir.GenericConst):
+            split = inputs[1].value.numpy().tolist()
+        return None if split is None else [int(s) for s in split]
+    if len(inputs) > 1 and inputs[1] is not None:
+        if not isinstance(inputs[1], tvm.ir.GenericConst):
+            raise ValueError("Split's split sizes must be known at compile time (a constant or "
+                             "a fixed input)")
+        return [int(s) for s in np.asarray(inputs[1].value.numpy()).reshape(-1)]
+    return None
+
+
+def _activation(op_type: str, formula: Callable) -> type:
+    """An elementwise activation computed in its input's dtype (TVM's Elu, Selu and
+    ThresholdedRelu mix in float32 constants, which fails or changes the dtype for float16 and
+    float64): ``formula(x, attrs, const)`` with ``const(v)`` a constant of x's dtype."""
+
+    class Activation:
+        @classmethod
+        def get_converter(cls, opset: int) -> Callable:
+            def convert(bb, inputs, attrs, params):
+                x = inputs[0]
+                dtype = _dtype(x.ty)
+                return formula(x, attrs, lambda v: relax.const(v, dtype))
+            return convert
+
+    Activation.__name__ = op_type
+    return Activation
+
+
+def _elu(x, attrs, const):
+    alpha = const(attrs.get("alpha", 1.0))
+    negative = relax.op.multiply(alpha, relax.op.subtract(relax.op.exp(x), const(1.0)))
+    return relax.op.where(relax.op.greater(x, const(0.0)), x, negative)
+
+
+def _selu(x, attrs, const):
+    alpha = const(attrs.get("alpha", 1.67326319217681884765625))
+    gamma = const(attrs.get("gamma", 1.05070102214813232421875))
+    negative = relax.op.subtract(relax.op.multiply(alpha, relax.op.exp(x)), alpha)
+    return relax.op.multiply(gamma, relax.op.where(relax.op.greater(x, const(0.0)), x, negative))
+
+
+def _thresholded_relu(x, attrs, const):
+    return relax.op.where(relax.op.greater(x, const(attrs.get("alpha", 1.0))), x, const(0.0))
+
+
+CONVERTERS: dict[str, type] = {
+    "Elu": _activation("Elu", _elu),
+    "Selu": _activation("Selu", _selu),
+    "ThresholdedRelu": _activation("ThresholdedRelu", _thresholded_relu),
+    "EyeLike": EyeLike,
+    "ReduceMax": bool_as_uint8("ReduceMax"),
+    "ReduceMin": bool_as_uint8("ReduceMin"),
+    "Split": Split,
+}

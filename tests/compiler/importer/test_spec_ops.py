@@ -1,0 +1,79 @@
+"""edgec's converters for corners of the ONNX spec TVM's converters miss (spec_ops): each
+compiled through the whole pipeline and compared with onnxruntime."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from compiler.importer.test_converters_ops import _model
+
+from edgec.tools import conformance
+
+_RNG = np.random.default_rng(7)
+
+
+def _vi(name, dtype, shape):
+    return helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None if shape is None else list(shape))
+
+
+def _onnxruntime(model, inputs):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: v for i, v in zip(session.get_inputs(), inputs)})
+
+
+def _check(model, inputs, rtol=1e-5, atol=1e-6):
+    got = conformance.run(model, inputs)
+    expected = _onnxruntime(model, inputs)
+    assert len(got) == len(expected)
+    for value, want in zip(got, expected):
+        assert value.shape == want.shape
+        assert value.dtype == want.dtype
+        if want.dtype.kind == "f":
+            np.testing.assert_allclose(value, want, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(value, want)
+
+
+@pytest.mark.parametrize("dtype,k", [(np.float32, 0), (np.int64, 1), (np.float64, -1)])
+def test_eyelike_with_a_dtype_other_than_the_input(dtype, k):
+    x = np.zeros((3, 4), np.int32)
+    node = helper.make_node("EyeLike", ["x"], ["y"], k=k, name="eye",
+                            dtype=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+    model = _model([node], [_vi("x", np.int32, x.shape)], [_vi("y", dtype, x.shape)])
+    _check(model, [x])
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_bool_max_and_min_reductions(op, keepdims):
+    x = np.array([[True, False], [True, True], [False, False]])
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims, name="r")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    shape = (3, 1) if keepdims else (3,)
+    model = _model([node], [_vi("x", np.bool_, x.shape)], [_vi("y", np.bool_, shape)], [axes],
+                   opset=20)
+    _check(model, [x])
+
+
+@pytest.mark.parametrize("sizes", [[0, 0, 0], [2, 0, 3], [0, 5], [5, 0]])
+def test_split_with_empty_parts(sizes):
+    x = _RNG.standard_normal((2, 5)).astype(np.float32)
+    outs = [f"y{k}" for k in range(len(sizes))]
+    node = helper.make_node("Split", ["x", "split"], outs, axis=1, name="split")
+    split = numpy_helper.from_array(np.array(sizes, np.int64), "split")
+    model = _model([node], [_vi("x", np.float32, x.shape)],
+                   [_vi(o, np.float32, (2, s)) for o, s in zip(outs, sizes)], [split])
+    x = x if sum(sizes) == 5 else x[:, :sum(sizes)].copy()
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = x.shape[1]
+    _check(model, [x])
+
+
+@pytest.mark.parametrize("op,attrs", [("Elu", {"alpha": 0.5}), ("Selu", {}),
+                                      ("ThresholdedRelu", {"alpha": 0.3})])
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_activations_keep_the_input_dtype(op, attrs, dtype):
+    x = _RNG.standard_normal((3, 4)).astype(dtype)
+    model = _model([helper.make_node(op, ["x"], ["y"], name="act", **attrs)],
+                   [_vi("x", dtype, x.shape)], [_vi("y", dtype, x.shape)])
+    _check(model, [x], rtol=1e-3 if dtype == np.float16 else 1e-7, atol=1e-3 if dtype == np.float16 else 1e-9)
