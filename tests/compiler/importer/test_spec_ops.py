@@ -77,3 +77,19 @@ def test_activations_keep_the_input_dtype(op, attrs, dtype):
     model = _model([helper.make_node(op, ["x"], ["y"], name="act", **attrs)],
                    [_vi("x", dtype, x.shape)], [_vi("y", dtype, x.shape)])
     _check(model, [x], rtol=1e-3 if dtype == np.float16 else 1e-7, atol=1e-3 if dtype == np.float16 else 1e-9)
+
+
+@pytest.mark.parametrize("opset,mode,scales", [(9, "nearest", [1, 1, 2, 3]), (9, "linear", [1, 1, 2, 2]),
+                                               (7, "nearest", [1.0, 2.0, 3.0, 1.0]), (7, "linear", [1, 1, 1.5, 2])])
+def test_upsample(opset, mode, scales):
+    x = _RNG.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    out = [int(d * s) for d, s in zip(x.shape, scales)]
+    if opset >= 9:
+        node = helper.make_node("Upsample", ["x", "scales"], ["y"], mode=mode, name="up")
+        inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    else:
+        node = helper.make_node("Upsample", ["x"], ["y"], mode=mode, scales=scales, name="up")
+        inits = []
+    model = _model([node], [_vi("x", np.float32, x.shape)], [_vi("y", np.float32, out)], inits,
+                   opset=opset)
+    _check(model, [x])

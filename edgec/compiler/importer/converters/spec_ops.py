@@ -11,7 +11,9 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
+from edgec.compiler.importer.converters import ops
 from edgec.compiler.ir import constant
+from edgec.core.model import attribute_text
 
 
 def _dtype(ty) -> str:
@@ -97,6 +99,35 @@ def _split_sizes(inputs, attrs, opset: int) -> list[int] | None:
     return None
 
 
+class Upsample:
+    """ONNX Upsample (opset 7-9; deprecated since 10): ``Resize`` with ``asymmetric``
+    coordinates and ``floor`` nearest rounding, the scales an attribute (opset 7) or a constant
+    input (opset 9; TVM's converter reads only the attribute)."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        resize = ops.Resize.get_converter(13)
+
+        def convert(bb, inputs, attrs, params):
+            x = inputs[0]
+            scales = attrs.get("scales")
+            if scales is None and len(inputs) > 1 and inputs[1] is not None:
+                if not isinstance(inputs[1], tvm.ir.GenericConst):
+                    raise ValueError("Upsample's scales must be known at compile time (a "
+                                     "constant or a fixed input)")
+                scales = inputs[1].value.numpy().reshape(-1)
+            if scales is None:
+                raise ValueError("Upsample has no scales")
+            mode = attribute_text(attrs.get("mode"), "nearest")
+            # As ONNX attributes are (bytes): TVM's Resize converter decodes them.
+            resize_attrs = {"mode": b"linear" if mode in ("linear", "bilinear") else mode.encode(),
+                            "coordinate_transformation_mode": b"asymmetric",
+                            "nearest_mode": b"floor", "tvm_custom": attrs.get("tvm_custom", {})}
+            scales = constant(np.asarray(scales, np.float32))
+            return resize(bb, [x, None, scales, None], resize_attrs, params)
+        return convert
+
+
 def _activation(op_type: str, formula: Callable) -> type:
     """An elementwise activation computed in its input's dtype (TVM's Elu, Selu and
     ThresholdedRelu mix in float32 constants, which fails or changes the dtype for float16 and
@@ -140,4 +171,5 @@ CONVERTERS: dict[str, type] = {
     "ReduceMax": bool_as_uint8("ReduceMax"),
     "ReduceMin": bool_as_uint8("ReduceMin"),
     "Split": Split,
+    "Upsample": Upsample,
 }
