@@ -93,3 +93,12 @@ def test_upsample(opset, mode, scales):
     model = _model([node], [_vi("x", np.float32, x.shape)], [_vi("y", np.float32, out)], inits,
                    opset=opset)
     _check(model, [x])
+
+
+def test_unsqueeze_with_rank_0_axes():
+    x = _RNG.standard_normal((2, 3)).astype(np.float32)
+    node = helper.make_node("Unsqueeze", ["x", "axis"], ["y"], name="unsqueeze")
+    axis = numpy_helper.from_array(np.array(-1, np.int64), "axis")
+    model = _model([node], [_vi("x", np.float32, x.shape)], [_vi("y", np.float32, (2, 3, 1))],
+                   [axis])
+    _check(model, [x])

@@ -99,6 +99,23 @@ def _split_sizes(inputs, attrs, opset: int) -> list[int] | None:
     return None
 
 
+class Unsqueeze:
+    """ONNX Unsqueeze (opset 13+) with rank-0 axes, which ONNX allows for one axis (TVM's
+    converter iterates over the axes): they become a one-element list."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.Unsqueeze.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            axes = inputs[1] if len(inputs) > 1 else None
+            if isinstance(axes, tvm.ir.GenericConst) and axes.ty.ndim == 0:
+                axes = constant(axes.value.numpy().reshape(1))
+                inputs = [inputs[0], axes, *inputs[2:]]
+            return fallback(bb, inputs, attrs, params)
+        return convert
+
+
 class Upsample:
     """ONNX Upsample (opset 7-9; deprecated since 10): ``Resize`` with ``asymmetric``
     coordinates and ``floor`` nearest rounding, the scales an attribute (opset 7) or a constant
@@ -171,5 +188,6 @@ CONVERTERS: dict[str, type] = {
     "ReduceMax": bool_as_uint8("ReduceMax"),
     "ReduceMin": bool_as_uint8("ReduceMin"),
     "Split": Split,
+    "Unsqueeze": Unsqueeze,
     "Upsample": Upsample,
 }
