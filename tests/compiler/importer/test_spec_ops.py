@@ -102,3 +102,21 @@ def test_unsqueeze_with_rank_0_axes():
     model = _model([node], [_vi("x", np.float32, x.shape)], [_vi("y", np.float32, (2, 3, 1))],
                    [axis])
     _check(model, [x])
+
+
+@pytest.mark.parametrize("dtype,shape", [(np.float32, (2, 3, 4, 5)), (np.float32, (4, 3)),
+                                         (np.float64, (2, 3, 6))])
+def test_batchnorm_training_mode_outputs_running_statistics(dtype, shape):
+    x = _RNG.standard_normal(shape).astype(dtype)
+    c = shape[1]
+    params = [numpy_helper.from_array(_RNG.standard_normal(c).astype(dtype), "scale"),
+              numpy_helper.from_array(_RNG.standard_normal(c).astype(dtype), "bias"),
+              numpy_helper.from_array(_RNG.standard_normal(c).astype(dtype), "mean"),
+              numpy_helper.from_array(_RNG.random(c).astype(dtype) + 0.5, "var")]
+    node = helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"],
+                            ["y", "running_mean", "running_var"], training_mode=1,
+                            momentum=0.8, epsilon=1e-3, name="bn")
+    model = _model([node], [_vi("x", dtype, shape)],
+                   [_vi("y", dtype, shape), _vi("running_mean", dtype, (c,)),
+                    _vi("running_var", dtype, (c,))], params, opset=15)
+    _check(model, [x], rtol=1e-4, atol=1e-5)

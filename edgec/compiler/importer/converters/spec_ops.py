@@ -145,6 +145,45 @@ class Upsample:
         return convert
 
 
+class BatchNormalization:
+    """ONNX BatchNormalization with ``training_mode=1``: normalized by the batch's statistics,
+    with running mean and variance ``running * momentum + batch * (1 - momentum)`` (TVM's
+    batch_norm weighs them the other way round); float16 data computed in float32."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.BatchNormalization.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            if opset < 14 or not attrs.get("training_mode", 0):
+                return fallback(bb, inputs, attrs, params)
+            x, scale, bias, mean, var = inputs[:5]
+            data_dtype = _dtype(x.ty)
+            work = "float32" if data_dtype == "float16" else data_dtype
+            cast = lambda e: e if _dtype(e.ty) == work else bb.normalize(relax.op.astype(e, work))  # noqa: E731
+            x, scale, bias, mean, var = (cast(e) for e in (x, scale, bias, mean, var))
+            rank = x.ty.ndim
+            axes = [a for a in range(rank) if a != 1]
+            along = lambda e: relax.op.reshape(bb.normalize(e), [-1] + [1] * (rank - 2))  # noqa: E731
+            batch_mean = bb.normalize(relax.op.mean(x, axes, keepdims=False))
+            centered = bb.normalize(relax.op.subtract(x, along(batch_mean)))
+            batch_var = bb.normalize(relax.op.mean(relax.op.multiply(centered, centered), axes,
+                                                   keepdims=False))
+            eps = relax.const(attrs.get("epsilon", 1e-5), work)
+            inv_std = relax.op.rsqrt(relax.op.add(batch_var, eps))
+            y = relax.op.add(relax.op.multiply(centered, along(relax.op.multiply(scale, inv_std))),
+                             along(bias))
+            momentum = attrs.get("momentum", 0.9)
+            keep, take = relax.const(momentum, work), relax.const(1.0 - momentum, work)
+            running = [relax.op.add(relax.op.multiply(old, keep), relax.op.multiply(new, take))
+                       for old, new in ((mean, batch_mean), (var, batch_var))]
+            outputs = [bb.normalize(y)] + [bb.normalize(r) for r in running]
+            dtypes = [data_dtype, _dtype(inputs[3].ty), _dtype(inputs[4].ty)]
+            return relax.Tuple([o if _dtype(o.ty) == d else bb.normalize(relax.op.astype(o, d))
+                                for o, d in zip(outputs, dtypes)])
+        return convert
+
+
 def _activation(op_type: str, formula: Callable) -> type:
     """An elementwise activation computed in its input's dtype (TVM's Elu, Selu and
     ThresholdedRelu mix in float32 constants, which fails or changes the dtype for float16 and
@@ -181,6 +220,7 @@ def _thresholded_relu(x, attrs, const):
 
 
 CONVERTERS: dict[str, type] = {
+    "BatchNormalization": BatchNormalization,
     "Elu": _activation("Elu", _elu),
     "Selu": _activation("Selu", _selu),
     "ThresholdedRelu": _activation("ThresholdedRelu", _thresholded_relu),
