@@ -120,3 +120,15 @@ def test_batchnorm_training_mode_outputs_running_statistics(dtype, shape):
                    [_vi("y", dtype, shape), _vi("running_mean", dtype, (c,)),
                     _vi("running_var", dtype, (c,))], params, opset=15)
     _check(model, [x], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [-3, -2, 0, 1])
+def test_onehot_axis_counted_from_the_end_and_negative_indices(axis):
+    i = np.array([[1, -2, 0], [4, -5, 2]], np.int64)
+    node = helper.make_node("OneHot", ["i", "depth", "values"], ["y"], axis=axis, name="oh")
+    shape = [2, 3]
+    shape.insert(axis % 3, 5)
+    model = _model([node], [_vi("i", np.int64, i.shape)], [_vi("y", np.float32, shape)],
+                   [numpy_helper.from_array(np.array(5.0, np.float32), "depth"),
+                    numpy_helper.from_array(np.array([-1, 3], np.float32), "values")], opset=11)
+    _check(model, [i])
