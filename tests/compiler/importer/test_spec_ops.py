@@ -132,3 +132,36 @@ def test_onehot_axis_counted_from_the_end_and_negative_indices(axis):
                    [numpy_helper.from_array(np.array(5.0, np.float32), "depth"),
                     numpy_helper.from_array(np.array([-1, 3], np.float32), "values")], opset=11)
     _check(model, [i])
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((1, 2, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+    ((2, 3, 6, 7), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ((1, 2, 7, 7), {"kernel_shape": [3, 2], "dilations": [2, 1], "ceil_mode": 1, "strides": [2, 2]}),
+    ((1, 1, 5, 6), {"kernel_shape": [2, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 1, 5, 6), {"kernel_shape": [3, 2], "auto_pad": "SAME_LOWER"}),
+    ((1, 2, 5, 6), {"kernel_shape": [2, 2], "storage_order": 1, "pads": [1, 1, 0, 0]}),
+    ((1, 1, 4, 5, 6), {"kernel_shape": [2, 2, 3], "strides": [1, 2, 2]}),
+])
+def test_maxpool_indices(shape, attrs):
+    x = _RNG.permutation(int(np.prod(shape))).reshape(shape).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], name="pool", **attrs)
+    model = _model([node], [_vi("x", np.float32, shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, None)], opset=12)
+    # The output shapes ONNX infers (declared: edgec checks declared outputs).
+    from onnx import shape_inference
+    inferred = shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    _check(model, [x])
+
+
+def test_maxpool_indices_of_uint8():
+    shape = (1, 2, 4, 4)
+    x = _RNG.permutation(32).reshape(shape).astype(np.uint8)
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[2, 2],
+                            name="pool")
+    model = _model([node], [_vi("x", np.uint8, shape)],
+                   [_vi("y", np.uint8, (1, 2, 2, 2)), _vi("i", np.int64, (1, 2, 2, 2))], opset=12)
+    _check(model, [x])

@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from edgec.compiler.importer.converters import ops
-from edgec.compiler.ir import constant
+from edgec.compiler.ir import constant, static_shape
 from edgec.core.model import attribute_text
 
 
@@ -184,6 +184,93 @@ class BatchNormalization:
         return convert
 
 
+class MaxPool:
+    """ONNX MaxPool with its ``Indices`` output (TVM's converter gives only ``Y``), for static
+    shapes: every window is gathered from the flattened spatial dims with constant positions
+    (padding reads a sentinel below every value), then reduced with max and argmax; an index is
+    the position in the whole input, row-major (``storage_order`` 0) or with the spatial dims
+    column-major (1), as onnxruntime counts it."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.MaxPool.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            if attrs["tvm_custom"]["num_outputs"] < 2:
+                return fallback(bb, inputs, attrs, params)
+            x = inputs[0]
+            shape = static_shape(x)
+            if shape is None:
+                raise ValueError("MaxPool's Indices output needs a static input shape")
+            spatial = list(shape[2:])
+            positions, out_dims = _pool_windows(spatial, attrs)
+            dtype = _dtype(x.ty)
+            lowest = -np.inf if "float" in dtype else np.iinfo(dtype).min
+            count = int(np.prod(spatial))
+            n, c = shape[0], shape[1]
+            flat = bb.normalize(relax.op.reshape(x, [n, c, count]))
+            sentinel = constant(np.full((n, c, 1), lowest, dtype))
+            flat = bb.normalize(relax.op.concat([flat, sentinel], axis=2))
+            windows = bb.normalize(relax.op.take(flat, constant(positions.reshape(-1)), axis=2))
+            windows = bb.normalize(relax.op.reshape(windows, [n, c, *positions.shape]))
+            y = relax.op.reshape(relax.op.max(windows, axis=3), [n, c, *out_dims])
+            chosen = bb.normalize(relax.op.argmax(windows, axis=3, keepdims=True))
+            # The chosen window slot's position in the spatial dims, in the storage order.
+            order = positions.copy()
+            if attrs.get("storage_order", 0):
+                coords = np.unravel_index(np.minimum(positions, count - 1), spatial)
+                order = np.ravel_multi_index(coords, spatial, order="F")
+            table = constant(np.broadcast_to(order, (n, c, *order.shape)).astype(np.int64))
+            index = relax.op.squeeze(relax.op.gather_elements(table, chosen, axis=3), [3])
+            base = constant((np.arange(n * c, dtype=np.int64) * count).reshape(n, c, 1))
+            index = relax.op.add(bb.normalize(index), base)
+            return relax.Tuple([bb.normalize(y),
+                                bb.normalize(relax.op.reshape(index, [n, c, *out_dims]))])
+        return convert
+
+
+def _pool_windows(spatial: list[int], attrs) -> tuple[np.ndarray, list[int]]:
+    """Per output position (row-major) and window slot, the flat position it reads in the
+    spatial dims, ``prod(spatial)`` for padding; and the output's spatial dims (ONNX's rules for
+    pads, auto_pad, dilations and ceil_mode)."""
+    rank = len(spatial)
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides = [int(v) for v in attrs.get("strides", [1] * rank)]
+    dilations = [int(v) for v in attrs.get("dilations", [1] * rank)]
+    pads = [int(v) for v in attrs.get("pads", [0] * (2 * rank))]
+    auto_pad = attribute_text(attrs.get("auto_pad"), "NOTSET")
+    ceil_mode = int(attrs.get("ceil_mode", 0))
+    out_dims, begins = [], []
+    for i, size in enumerate(spatial):
+        extent = (kernel[i] - 1) * dilations[i] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = -(-size // strides[i])
+            total = max(0, (out - 1) * strides[i] + extent - size)
+            begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        elif auto_pad == "VALID":
+            out, begin = (size - extent) // strides[i] + 1, 0
+        else:
+            begin, span = pads[i], size + pads[i] + pads[i + rank] - extent
+            out = (-(-span // strides[i]) if ceil_mode else span // strides[i]) + 1
+            if ceil_mode and (out - 1) * strides[i] >= size + pads[i]:
+                out -= 1  # the last window would start in the end padding
+        out_dims.append(out)
+        begins.append(begin)
+    count = int(np.prod(spatial))
+    grids = np.meshgrid(*[np.arange(o) for o in out_dims], indexing="ij")
+    slots = np.meshgrid(*[np.arange(k) for k in kernel], indexing="ij")
+    positions = np.zeros((int(np.prod(out_dims)), int(np.prod(kernel))), np.int64)
+    valid = np.ones(positions.shape, bool)
+    flat = np.zeros(positions.shape, np.int64)
+    for i in range(rank):
+        coord = (grids[i].reshape(-1, 1) * strides[i] - begins[i]
+                 + slots[i].reshape(1, -1) * dilations[i])
+        valid &= (coord >= 0) & (coord < spatial[i])
+        flat = flat * spatial[i] + np.clip(coord, 0, spatial[i] - 1)
+    positions[:] = np.where(valid, flat, count)
+    return positions, out_dims
+
+
 def _activation(op_type: str, formula: Callable) -> type:
     """An elementwise activation computed in its input's dtype (TVM's Elu, Selu and
     ThresholdedRelu mix in float32 constants, which fails or changes the dtype for float16 and
@@ -227,6 +314,7 @@ CONVERTERS: dict[str, type] = {
     "EyeLike": EyeLike,
     "ReduceMax": bool_as_uint8("ReduceMax"),
     "ReduceMin": bool_as_uint8("ReduceMin"),
+    "MaxPool": MaxPool,
     "Split": Split,
     "Unsqueeze": Unsqueeze,
     "Upsample": Upsample,
