@@ -165,3 +165,20 @@ def test_maxpool_indices_of_uint8():
     model = _model([node], [_vi("x", np.uint8, shape)],
                    [_vi("y", np.uint8, (1, 2, 2, 2)), _vi("i", np.int64, (1, 2, 2, 2))], opset=12)
     _check(model, [x])
+
+
+@pytest.mark.parametrize("axis,sorted_", [(0, 1), (1, 1), (-1, 0), (0, 0)])
+def test_unique_with_an_axis(axis, sorted_):
+    x = np.array([[[1, 0], [1, 0], [2, 3]], [[1, 0], [1, 0], [0, 3]], [[4, 0], [4, 0], [0, 3]],
+                  [[1, 0], [1, 0], [2, 3]]], np.float32)  # [4, 3, 2]
+    node = helper.make_node("Unique", ["x"], ["y", "indices", "inverse", "counts"], axis=axis,
+                            sorted=sorted_, name="unique")
+    model = _model([node], [_vi("x", np.float32, x.shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                    *(helper.make_tensor_value_info(n, TensorProto.INT64, ["n"])
+                      for n in ("indices", "inverse", "counts"))], opset=11)
+    model.graph.output[0].type.tensor_type.shape.Clear()
+    for k in range(3):
+        model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = f"d{k}"
+    model.graph.output[2].type.tensor_type.shape.dim[0].dim_param = "m"
+    _check(model, [x])
