@@ -91,3 +91,13 @@ def test_an_inlined_branch_gets_fresh_names_where_the_graph_uses_them():
     assert len(outputs) == len(set(outputs))
     x = np.array([1.0, -2.0, 3.0], np.float32)
     np.testing.assert_allclose(conformance.run(model, [x])[0], np.abs(x) - x)
+
+
+def test_a_model_without_inputs_compiles_to_its_constant_outputs():
+    nodes = [helper.make_node("Constant", [], ["a"], value_floats=[1.0, 2.5], name="a"),
+             helper.make_node("Constant", [], ["b"],
+                              value=numpy_helper.from_array(np.array([3.0, 4.0], np.float32)),
+                              name="b"),
+             helper.make_node("Mul", ["a", "b"], ["y"], name="mul")]
+    model = _model(nodes, [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    np.testing.assert_array_equal(conformance.run(model, [])[0], _onnxruntime(model, [])[0])
