@@ -182,3 +182,10 @@ def test_unique_with_an_axis(axis, sorted_):
         model.graph.output[0].type.tensor_type.shape.dim.add().dim_param = f"d{k}"
     model.graph.output[2].type.tensor_type.shape.dim[0].dim_param = "m"
     _check(model, [x])
+
+
+def test_optional_has_element_without_an_input_is_false():
+    nodes = [helper.make_node("OptionalHasElement", [], ["has"], name="has"),
+             helper.make_node("Not", ["has"], ["y"], name="not")]
+    model = _model(nodes, [], [_vi("y", np.bool_, ())], opset=18)
+    _check(model, [])

@@ -271,6 +271,21 @@ def _pool_windows(spatial: list[int], attrs) -> tuple[np.ndarray, list[int]]:
     return positions, out_dims
 
 
+class OptionalHasElement:
+    """ONNX OptionalHasElement without an input (the spec allows it: an empty optional), which
+    TVM's converter refuses: False."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.OptionalHasElement.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            if not len(inputs):
+                return relax.const(False, "bool")
+            return fallback(bb, inputs, attrs, params)
+        return convert
+
+
 def _activation(op_type: str, formula: Callable) -> type:
     """An elementwise activation computed in its input's dtype (TVM's Elu, Selu and
     ThresholdedRelu mix in float32 constants, which fails or changes the dtype for float16 and
@@ -315,6 +330,7 @@ CONVERTERS: dict[str, type] = {
     "ReduceMax": bool_as_uint8("ReduceMax"),
     "ReduceMin": bool_as_uint8("ReduceMin"),
     "MaxPool": MaxPool,
+    "OptionalHasElement": OptionalHasElement,
     "Split": Split,
     "Unsqueeze": Unsqueeze,
     "Upsample": Upsample,
