@@ -1,6 +1,7 @@
 """Converters for corners of the ONNX spec that TVM 0.27's converters miss: attributes they
-ignore or refuse, dtypes they do not keep, outputs they do not produce. Each wraps TVM's
-converter and handles only the case it lacks; the rest goes to TVM's converter unchanged."""
+ignore or refuse, dtypes they do not keep, outputs they do not produce. Most wrap TVM's
+converter and handle only the case it lacks, the rest going to TVM's converter unchanged; the
+activations (Elu, Selu, ThresholdedRelu) and Upsample (as Resize) replace it."""
 
 from __future__ import annotations
 
