@@ -189,3 +189,12 @@ def test_optional_has_element_without_an_input_is_false():
              helper.make_node("Not", ["has"], ["y"], name="not")]
     model = _model(nodes, [], [_vi("y", np.bool_, ())], opset=18)
     _check(model, [])
+
+
+def test_maxpool_indices_of_a_window_of_lowest_values_next_to_padding():
+    x = np.full((1, 1, 3, 3), -np.inf, np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], pads=[1, 1, 0, 0],
+                            name="pool")
+    model = _model([node], [_vi("x", np.float32, x.shape)],
+                   [_vi("y", np.float32, (1, 1, 3, 3)), _vi("i", np.int64, (1, 1, 3, 3))], opset=12)
+    _check(model, [x])

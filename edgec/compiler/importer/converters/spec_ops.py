@@ -188,7 +188,7 @@ class BatchNormalization:
 class MaxPool:
     """ONNX MaxPool with its ``Indices`` output (TVM's converter gives only ``Y``), for static
     shapes: every window is gathered from the flattened spatial dims with constant positions
-    (padding reads a sentinel below every value), then reduced with max and argmax; an index is
+    (padding reads a sentinel below every value), then reduced with argmax; an index is
     the position in the whole input, row-major (``storage_order`` 0) or with the spatial dims
     column-major (1), as onnxruntime counts it."""
 
@@ -214,8 +214,12 @@ class MaxPool:
             flat = bb.normalize(relax.op.concat([flat, sentinel], axis=2))
             windows = bb.normalize(relax.op.take(flat, constant(positions.reshape(-1)), axis=2))
             windows = bb.normalize(relax.op.reshape(windows, [n, c, *positions.shape]))
-            y = relax.op.reshape(relax.op.max(windows, axis=3), [n, c, *out_dims])
-            chosen = bb.normalize(relax.op.argmax(windows, axis=3, keepdims=True))
+            # TVM's argmax and max start from the lowest finite value: a window of -inf gets -1,
+            # which is its first slot (a real value: padding comes last); y is read there.
+            chosen = relax.op.argmax(windows, axis=3, keepdims=True)
+            chosen = bb.normalize(relax.op.maximum(chosen, relax.const(0, "int64")))
+            y = relax.op.reshape(relax.op.gather_elements(windows, chosen, axis=3),
+                                 [n, c, *out_dims])
             # The chosen window slot's position in the spatial dims, in the storage order.
             order = positions.copy()
             if attrs.get("storage_order", 0):
@@ -231,8 +235,8 @@ class MaxPool:
 
 
 def _pool_windows(spatial: list[int], attrs) -> tuple[np.ndarray, list[int]]:
-    """Per output position (row-major) and window slot, the flat position it reads in the
-    spatial dims, ``prod(spatial)`` for padding; and the output's spatial dims (ONNX's rules for
+    """Per output position (row-major) and window slot (in window order, padding last), the
+    flat position it reads in the spatial dims, ``prod(spatial)`` for padding; and the output's spatial dims (ONNX's rules for
     pads, auto_pad, dilations and ceil_mode)."""
     rank = len(spatial)
     kernel = [int(k) for k in attrs["kernel_shape"]]
@@ -269,7 +273,8 @@ def _pool_windows(spatial: list[int], attrs) -> tuple[np.ndarray, list[int]]:
         valid &= (coord >= 0) & (coord < spatial[i])
         flat = flat * spatial[i] + np.clip(coord, 0, spatial[i] - 1)
     positions[:] = np.where(valid, flat, count)
-    return positions, out_dims
+    # Padding last in each window: a tie of the sentinel with a real lowest value picks the value.
+    return np.take_along_axis(positions, np.argsort(~valid, axis=1, kind="stable"), 1), out_dims
 
 
 class OptionalHasElement:
