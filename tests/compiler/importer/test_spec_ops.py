@@ -198,3 +198,18 @@ def test_maxpool_indices_of_a_window_of_lowest_values_next_to_padding():
     model = _model([node], [_vi("x", np.float32, x.shape)],
                    [_vi("y", np.float32, (1, 1, 3, 3)), _vi("i", np.int64, (1, 1, 3, 3))], opset=12)
     _check(model, [x])
+
+
+def test_a_string_constant_is_a_one_line_error():
+    from edgec.errors import ModelError
+
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["s"], value_strings=["a", "b"], name="s"),
+         helper.make_node("Identity", ["x"], ["y_b"], name="id")], "b", [],
+        [helper.make_tensor_value_info("y_b", TensorProto.FLOAT, [2])])
+    node = helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=branch, name="if")
+    model = _model([node], [_vi("x", np.float32, (2,)), _vi("flag", np.bool_, ())],
+                   [_vi("y", np.float32, (2,))])
+    with pytest.raises(ModelError, match="string constants are not supported") as error:
+        conformance.run(model, [np.zeros(2, np.float32), np.array(True)])
+    assert "\n" not in str(error.value)

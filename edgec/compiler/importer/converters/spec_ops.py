@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import onnx
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
@@ -19,6 +20,27 @@ from edgec.core.model import attribute_text
 
 def _dtype(ty) -> str:
     return str(ty.dtype)
+
+
+class Constant:
+    """ONNX Constant: ``fold`` has turned every value form into a ``value`` tensor (what TVM's
+    converter reads); strings, which no TVM tensor holds (TVM's converter would make them 0),
+    are refused."""
+
+    @classmethod
+    def get_converter(cls, opset: int) -> Callable:
+        fallback = onnx_frontend.Constant.get_converter(opset)
+
+        def convert(bb, inputs, attrs, params):
+            value = attrs.get("value")
+            if "value_string" in attrs or "value_strings" in attrs or (
+                    value is not None and value.data_type == onnx.TensorProto.STRING):
+                raise ValueError("string constants are not supported (TVM tensors hold numbers)")
+            if value is None:
+                raise ValueError(f"a constant given as {', '.join(a for a in attrs if a != 'tvm_custom')} "
+                                 "reached the importer without the fold pass")
+            return fallback(bb, inputs, attrs, params)
+        return convert
 
 
 class EyeLike:
@@ -329,6 +351,7 @@ def _thresholded_relu(x, attrs, const):
 
 CONVERTERS: dict[str, type] = {
     "BatchNormalization": BatchNormalization,
+    "Constant": Constant,
     "Elu": _activation("Elu", _elu),
     "Selu": _activation("Selu", _selu),
     "ThresholdedRelu": _activation("ThresholdedRelu", _thresholded_relu),
