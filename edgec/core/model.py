@@ -271,8 +271,6 @@ def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> M
         for spec in (_spec_of(v, "input") for v in proto.graph.input)
     )
     outputs = tuple(_spec_of(v, "output") for v in proto.graph.output)
-    if not inputs:
-        raise ModelError(f"model '{name}' has no inputs; edgec compiles models that take inputs")
     control_flow = tuple((n.name, n.op_type) for n in proto.graph.node if n.op_type in CONTROL_FLOW_OPS)
     return Model(proto, name, sha256, inputs, outputs, opset, control_flow, path)
 

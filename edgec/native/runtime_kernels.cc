@@ -99,6 +99,12 @@ double AsDouble(const DLTensor* t, int64_t i) {
       if (t->dtype.bits == 32) return *reinterpret_cast<const float*>(p);
       if (t->dtype.bits == 64) return *reinterpret_cast<const double*>(p);
       break;
+    case kDLBfloat: {  // the upper half of a float32
+      uint32_t bits = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16;
+      float value;
+      std::memcpy(&value, &bits, sizeof(value));
+      return value;
+    }
     case kDLInt:
       if (t->dtype.bits == 64) return static_cast<double>(*reinterpret_cast<const int64_t*>(p));
       if (t->dtype.bits == 32) return *reinterpret_cast<const int32_t*>(p);
@@ -141,50 +147,55 @@ ffi::Tensor NonZero(ffi::Tensor x) {
   return out;
 }
 
-// numpy.unique over the flattened input (axis=None), with TVM's "sorted=0" reordering by first
-// occurrence. Returns the outputs the flags ask for, in numpy's order: values, index, inverse,
-// counts. Values keep the input's dtype; the others are int64.
-ffi::Array<ffi::Tensor> UniqueImpl(const ffi::Tensor& x, bool sorted, bool want_index,
-                                   bool want_inverse, bool want_counts) {
-  CheckCPUContiguous(x, "edgec_unique");
-  const DLTensor* t = x.GetDLTensorPtr();
-  int64_t n = NumElements(t);
-  size_t size = ItemBytes(t);
+// Items 0..n-1 grouped into equal ones, in the order `less` sorts them (stable): each group's
+// first item and size, each item's group, and each group's output position (sorted order, or
+// order of first occurrence when `sorted` is false, TVM's "sorted=0").
+struct Groups {
+  std::vector<int64_t> first, counts, group_of, rank;
+};
+
+template <typename Less>
+Groups GroupItems(int64_t n, bool sorted, Less less) {
+  Groups g;
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return AsDouble(t, a) < AsDouble(t, b); });
-  // Groups of equal values in sorted order; first occurrence of each.
-  std::vector<int64_t> first, counts;
-  std::vector<int64_t> group_of(n);
+  std::stable_sort(order.begin(), order.end(), less);
+  g.group_of.resize(n);
   for (int64_t k = 0; k < n; ++k) {
     int64_t i = order[k];
-    if (k == 0 || AsDouble(t, i) != AsDouble(t, order[k - 1])) {
-      first.push_back(i);
-      counts.push_back(0);
+    if (k == 0 || less(order[k - 1], i)) {
+      g.first.push_back(i);
+      g.counts.push_back(0);
     }
-    counts.back() += 1;
-    group_of[i] = static_cast<int64_t>(first.size()) - 1;
+    g.counts.back() += 1;
+    g.group_of[i] = static_cast<int64_t>(g.first.size()) - 1;
   }
-  int64_t groups = static_cast<int64_t>(first.size());
-  std::vector<int64_t> rank(groups);  // output position of each sorted group
-  std::iota(rank.begin(), rank.end(), 0);
+  int64_t groups = static_cast<int64_t>(g.first.size());
+  g.rank.resize(groups);
+  std::iota(g.rank.begin(), g.rank.end(), 0);
   if (!sorted) {
     std::vector<int64_t> by_first(groups);
     std::iota(by_first.begin(), by_first.end(), 0);
-    std::sort(by_first.begin(), by_first.end(), [&](int64_t a, int64_t b) { return first[a] < first[b]; });
-    for (int64_t pos = 0; pos < groups; ++pos) rank[by_first[pos]] = pos;
+    std::sort(by_first.begin(), by_first.end(),
+              [&](int64_t a, int64_t b) { return g.first[a] < g.first[b]; });
+    for (int64_t pos = 0; pos < groups; ++pos) g.rank[by_first[pos]] = pos;
   }
-  ffi::Tensor values = Empty({groups}, t->dtype);
+  return g;
+}
+
+// The unique outputs the flags ask for, in numpy's order: values, index, inverse, counts.
+// `values` is filled by the caller; the others are int64 [groups] or [n].
+ffi::Array<ffi::Tensor> UniqueOutputs(const Groups& g, ffi::Tensor values, int64_t n,
+                                      bool want_index, bool want_inverse, bool want_counts) {
+  int64_t groups = static_cast<int64_t>(g.first.size());
   ffi::Tensor index = Empty({groups}, DLDataType{kDLInt, 64, 1});
   ffi::Tensor count = Empty({groups}, DLDataType{kDLInt, 64, 1});
-  for (int64_t g = 0; g < groups; ++g) {
-    std::memcpy(static_cast<uint8_t*>(values.data_ptr()) + rank[g] * size, ElementBytes(t, first[g]), size);
-    static_cast<int64_t*>(index.data_ptr())[rank[g]] = first[g];
-    static_cast<int64_t*>(count.data_ptr())[rank[g]] = counts[g];
+  for (int64_t k = 0; k < groups; ++k) {
+    static_cast<int64_t*>(index.data_ptr())[g.rank[k]] = g.first[k];
+    static_cast<int64_t*>(count.data_ptr())[g.rank[k]] = g.counts[k];
   }
   ffi::Tensor inverse = Empty({n}, DLDataType{kDLInt, 64, 1});
-  for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(inverse.data_ptr())[i] = rank[group_of[i]];
+  for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(inverse.data_ptr())[i] = g.rank[g.group_of[i]];
   ffi::Array<ffi::Tensor> outputs{values};
   if (want_index) outputs.push_back(index);
   if (want_inverse) outputs.push_back(inverse);
@@ -192,11 +203,61 @@ ffi::Array<ffi::Tensor> UniqueImpl(const ffi::Tensor& x, bool sorted, bool want_
   return outputs;
 }
 
-ffi::Any Unique(ffi::Tensor x, bool sorted, bool return_index, bool return_inverse,
-                bool return_counts) {
-  ffi::Array<ffi::Tensor> outputs = UniqueImpl(x, sorted, return_index, return_inverse, return_counts);
+ffi::Any OneOrAll(const ffi::Array<ffi::Tensor>& outputs) {
   if (outputs.size() == 1) return outputs[0];
   return outputs;
+}
+
+// numpy.unique over the flattened input (axis=None). Values keep the input's dtype.
+ffi::Any Unique(ffi::Tensor x, bool sorted, bool return_index, bool return_inverse,
+                bool return_counts) {
+  CheckCPUContiguous(x, "edgec_unique");
+  const DLTensor* t = x.GetDLTensorPtr();
+  int64_t n = NumElements(t);
+  size_t size = ItemBytes(t);
+  Groups g = GroupItems(n, sorted, [&](int64_t a, int64_t b) { return AsDouble(t, a) < AsDouble(t, b); });
+  int64_t groups = static_cast<int64_t>(g.first.size());
+  ffi::Tensor values = Empty({groups}, t->dtype);
+  for (int64_t k = 0; k < groups; ++k) {
+    std::memcpy(static_cast<uint8_t*>(values.data_ptr()) + g.rank[k] * size, ElementBytes(t, g.first[k]), size);
+  }
+  return OneOrAll(UniqueOutputs(g, values, n, return_index, return_inverse, return_counts));
+}
+
+// numpy.unique(x, axis=axis): the slices along `axis`, compared lexicographically (the other
+// dims row-major), as ONNX Unique with an axis. Values: x's shape with `axis` the group count.
+ffi::Any UniqueAxis(ffi::Tensor x, bool sorted, bool return_index, bool return_inverse,
+                    bool return_counts, int64_t axis) {
+  CheckCPUContiguous(x, "edgec_unique_axis");
+  const DLTensor* t = x.GetDLTensorPtr();
+  if (axis < 0) axis += t->ndim;
+  if (axis < 0 || axis >= t->ndim) TVM_FFI_THROW(ValueError) << "edgec_unique_axis: axis out of range";
+  int64_t n = t->shape[axis], outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= t->shape[i];
+  for (int i = axis + 1; i < t->ndim; ++i) inner *= t->shape[i];
+  size_t size = ItemBytes(t);
+  auto at = [&](int64_t slice, int64_t o, int64_t j) { return (o * n + slice) * inner + j; };
+  Groups g = GroupItems(n, sorted, [&](int64_t a, int64_t b) {
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t j = 0; j < inner; ++j) {
+        double va = AsDouble(t, at(a, o, j)), vb = AsDouble(t, at(b, o, j));
+        if (va != vb) return va < vb;
+      }
+    }
+    return false;
+  });
+  int64_t groups = static_cast<int64_t>(g.first.size());
+  std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+  shape[axis] = groups;
+  ffi::Tensor values = Empty(shape, t->dtype);
+  uint8_t* out = static_cast<uint8_t*>(values.data_ptr());
+  for (int64_t k = 0; k < groups; ++k) {
+    for (int64_t o = 0; o < outer; ++o) {
+      std::memcpy(out + ((o * groups + g.rank[k]) * inner) * size,
+                  ElementBytes(t, at(g.first[k], o, 0)), inner * size);
+    }
+  }
+  return OneOrAll(UniqueOutputs(g, values, n, return_index, return_inverse, return_counts));
 }
 
 
@@ -689,6 +750,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_nms, NonMaxSuppression);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_unique)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_unique, Unique);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_unique_axis)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_unique_axis, UniqueAxis);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_recurrent)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_recurrent, Recurrent);

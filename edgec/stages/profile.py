@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.core.model import Model, all_nodes, expose_activations
+from edgec.core.model import Model, all_nodes, expose_activations, subgraphs
 from edgec.core.provenance import tool_versions
 from edgec.core.quant_layers import find_layers
 from edgec.core.reference import reference_for, reference_session
@@ -255,10 +255,12 @@ def profile(model: Model, samples: list[Sample]) -> Profile:
 
 
 # Integer ops through which a shape-like argument is computed from other values (an expanded
-# CenterCropPad computes its pads as Max/Sub/Div of the target shape and the input's).
+# CenterCropPad computes its pads as Max/Sub/Div of the target shape and the input's; an
+# expanded AffineGrid splits its size input into N, C, H, W inside an If).
 _SHAPE_ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Mod", "Max", "Min", "Neg", "Abs", "Concat",
                      "Cast", "Identity", "Unsqueeze", "Squeeze", "Gather", "Slice", "Where",
-                     "Equal", "Less", "Greater", "Not", "And", "Or", "ReduceProd", "ReduceSum"}
+                     "Equal", "Less", "Greater", "Not", "And", "Or", "ReduceProd", "ReduceSum",
+                     "Split", "If"}
 
 
 def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
@@ -278,8 +280,18 @@ def shape_argument_inputs(proto: onnx.ModelProto) -> list[str]:
     for node in reversed(proto.graph.node):  # producers come before consumers
         if node.op_type in _SHAPE_ARITHMETIC and any(out in wanted for out in node.output):
             wanted.update(name for name in node.input if name)
+            # An If's outputs are computed from what its branches read from this graph.
+            wanted.update(name for sub in subgraphs(node) for name in _outer_names(sub))
     found |= {name for name in wanted if name in integer}
     return [value.name for value in proto.graph.input if value.name in found]
+
+
+def _outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names ``graph`` (its subgraphs included) reads without defining them."""
+    defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
+    defined.update(name for node in all_nodes(graph) for name in node.output)
+    read = {name for node in all_nodes(graph) for name in node.input if name}
+    return (read | {v.name for v in graph.output}) - defined
 
 
 def _input_values(model: Model, samples: list[Sample]) -> dict[str, list[dict[str, Any]]]:

@@ -191,3 +191,27 @@ def test_inputs_reaching_a_shape_argument_through_integer_arithmetic_are_shape_l
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     assert shape_argument_inputs(model) == ["crop"]  # x reaches Slice only as its data
+
+
+def test_inputs_reaching_a_shape_argument_through_if_and_split_are_shape_like():
+    """An expanded AffineGrid: its size input is split into dims inside an If's branches."""
+    from edgec.stages.profile import shape_argument_inputs
+
+    def branch(tag):
+        return helper.make_graph(
+            [helper.make_node("Split", ["size"], [f"a_{tag}", f"b_{tag}"], name=f"split_{tag}")],
+            tag, [], [helper.make_tensor_value_info(f"b_{tag}", TensorProto.INT64, [1])])
+
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["b"], then_branch=branch("then"),
+                          else_branch=branch("else"), name="if"),
+         helper.make_node("Split", ["pair"], ["p0", "p1"], name="split"),
+         helper.make_node("Concat", ["b", "p1"], ["shape"], axis=0, name="cat"),
+         helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("size", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("pair", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", "n"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert shape_argument_inputs(model) == ["size", "pair"]

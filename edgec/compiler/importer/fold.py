@@ -1,6 +1,7 @@
 """ONNX-level constant folding before import: fixed inputs, ``Shape`` of static tensors, and
 every node computed only from constants (or from tensors of static shape with no elements)
-become ``Constant`` nodes.
+become ``Constant`` nodes; an ``If`` whose condition is known becomes its branch's nodes, and
+every ``Constant`` (subgraphs included) holds a ``value`` tensor.
 
 TVM's importer accepts many shape-like arguments (axes, shape, sizes, k, pads, repeats,
 starts/ends) only as constants, and handles ``Shape`` results only in a dozen ops. Folding here,
@@ -17,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgec.core.model import all_nodes
+from edgec.core.model import all_nodes, subgraphs
 
 # Results larger than this stay computed at run time: folding them would bloat the artifact.
 MAX_FOLDED_ELEMENTS = 1 << 16
@@ -63,6 +64,7 @@ def fold_constants(proto: onnx.ModelProto, max_rounds: int = 4) -> onnx.ModelPro
         return proto
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    _value_constants(proto, opset)
     for _ in range(max_rounds):
         if not _fold_round(proto, opset):
             break
@@ -132,15 +134,17 @@ def _full_rank_resizes(proto: onnx.ModelProto) -> None:
 def _foldable(proto: onnx.ModelProto) -> bool:
     if _has_empty_input(proto.graph):
         return True
+    if any(_other_constant_form(node) for node in all_nodes(proto.graph)):
+        return True
     known = {init.name for init in proto.graph.initializer}
     for node in proto.graph.node:
         if node.op_type in ("Shape", "Size") or (
                 node.op_type == "Resize" and any(a.name == "axes" for a in node.attribute)):
             return True
         if node.op_type == "Constant":
-            if node.attribute[0].name != "value":
-                return True
             known.update(node.output)
+        elif node.op_type == "If" and node.input[0] in known:
+            return True
         elif node.op_type not in _KEEP and all(not i or i in known for i in node.input):
             return True
     return False
@@ -248,19 +252,22 @@ def _fold_round(proto: onnx.ModelProto, opset: int) -> bool:
     shapes = {name: dims for name, (_, dims) in types.items()}
     known = {**_empty_values(types), **known}
     changed = False
+    taken_names = _graph_names(graph)
     new_nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         results = None
         if node.domain not in ("", "ai.onnx"):
             pass
         elif node.op_type == "Constant":
-            results = _evaluate(node, [], opset, proto.ir_version)
-            if results is None or node.attribute[0].name == "value":
-                if results is not None:
-                    known[node.output[0]] = results[0]
-                new_nodes.append(node)
-                continue
-            # value_float(s)/value_int(s)/...: TVM's converter reads only ``value``.
+            if not _other_constant_form(node):
+                known[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+            new_nodes.append(node)
+            continue
+        elif node.op_type == "If" and node.input[0] in known:
+            new_nodes.extend(_taken_branch(node, bool(np.asarray(known[node.input[0]]).reshape(-1)[0]),
+                                           taken_names))
+            changed = True
+            continue
         elif node.op_type in ("Shape", "Size") and node.input[0] in shapes:
             results = _shape_of(node, shapes[node.input[0]], opset)
         elif (node.op_type not in _KEEP and node.input
@@ -298,3 +305,84 @@ def _shape_of(node: onnx.NodeProto, dims: list[int], opset: int) -> list[np.ndar
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     start, end = (attrs.get("start", 0), attrs.get("end")) if opset >= 15 else (0, None)
     return [np.array(dims[start:end], np.int64)]
+
+
+def _other_constant_form(node: onnx.NodeProto) -> bool:
+    """A Constant given as value_float(s), value_int(s), value_string(s) or sparse_value."""
+    return node.op_type == "Constant" and node.attribute[0].name != "value"
+
+
+def _value_constants(proto: onnx.ModelProto, opset: int) -> None:
+    """Every Constant anywhere, subgraphs included, as a ``value`` tensor (in place): TVM's
+    converter reads only ``value``. Strings stay as they are (no tensor TVM can hold)."""
+    for node in all_nodes(proto.graph):
+        if not _other_constant_form(node):
+            continue
+        attribute = node.attribute[0]
+        if attribute.name == "sparse_value":
+            value = _dense(attribute.sparse_tensor)
+        else:
+            results = _evaluate(node, [], opset, proto.ir_version)
+            value = None if results is None else results[0]
+        if value is None:
+            continue
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute(
+            "value", numpy_helper.from_array(value, node.output[0])))
+
+
+def _dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    """A sparse tensor's dense value; its indices are linear ([NNZ]) or per dim ([NNZ, rank])."""
+    values = numpy_helper.to_array(sparse.values)
+    indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+    dense = np.zeros(tuple(sparse.dims), values.dtype)
+    if indices.ndim == 2:
+        dense[tuple(indices.T)] = values
+    else:
+        dense.reshape(-1)[indices] = values
+    return dense
+
+
+def _graph_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name ``graph`` itself uses (its subgraphs' own names aside)."""
+    names = {v.name for v in list(graph.input) + list(graph.output) + list(graph.value_info)}
+    names.update(init.name for init in graph.initializer)
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+    return names
+
+
+def _taken_branch(node: onnx.NodeProto, condition: bool, taken: set[str]) -> list[onnx.NodeProto]:
+    """The nodes that replace ``If`` ``node`` whose condition is ``condition``: its branch's
+    initializers as Constants, its nodes, and an Identity per output. Names the branch defines
+    that are already taken in the enclosing graph get fresh ones (``taken`` is updated)."""
+    branch = next(helper.get_attribute_value(a) for a in node.attribute
+                  if a.name == ("then_branch" if condition else "else_branch"))
+    defined = [init.name for init in branch.initializer] + [
+        name for n in branch.node for name in n.output if name]
+    renames = {}
+    for name in defined:
+        if name in taken:
+            fresh, index = f"{name}__{node.name}", 0
+            while fresh in taken:
+                index += 1
+                fresh = f"{name}__{node.name}_{index}"
+            renames[name] = fresh
+        taken.add(renames.get(name, name))
+    rename = lambda name: renames.get(name, name)  # noqa: E731
+    nodes = [helper.make_node("Constant", [], [rename(init.name)], name=f"{node.name}/{init.name}",
+                              value=init) for init in branch.initializer]
+    for inner in branch.node:
+        inner = onnx.NodeProto.FromString(inner.SerializeToString())
+        for sub_node in [inner, *(n for sub in subgraphs(inner) for n in all_nodes(sub))]:
+            sub_node.input[:] = [rename(name) for name in sub_node.input]
+        inner.output[:] = [rename(name) for name in inner.output]
+        inner.name = inner.name or f"{node.name}/{inner.op_type}_{len(nodes)}"
+        nodes.append(inner)
+    for out, value in zip(node.output, branch.output):
+        if out:
+            nodes.append(helper.make_node("Identity", [rename(value.name)], [out],
+                                          name=f"{node.name}/{out}"))
+    return nodes
+

@@ -4,8 +4,8 @@ TVM 0.27 lowers ``relax.nonzero`` and ``relax.unique`` (ONNX NonZero, Unique) to
 ``call_pure_packed("relax.run.nonzero" | "relax.run.unique", ...)``, functions that TVM registers
 from Python. An artifact calling them would run only where the compiler is installed: never in
 edgec's runtime or a C/C++ host. ``redirect`` legalizes the module and renames those calls to
-``edgec_nonzero`` / ``edgec_unique`` (``edgec/native/runtime_kernels.cc``, linked into the model
-library), and refuses any other Python-only function with a one-line error. Calls edgec's
+``edgec_nonzero`` / ``edgec_unique`` (``edgec_unique_axis`` with an axis;
+``edgec/native/runtime_kernels.cc``, linked into the model library), and refuses any other Python-only function with a one-line error. Calls edgec's
 converters make to that library directly (``NATIVE_KERNELS``: the recurrent layers' loop, the
 stacked outputs of Loop and Scan) are counted too, so the library gets linked with the kernels
 the program calls.
@@ -21,9 +21,10 @@ from edgec.compiler.ir import rewrite_functions
 from edgec.errors import CompileError
 
 REPLACEMENTS = {"relax.run.nonzero": "edgec_nonzero", "relax.run.unique": "edgec_unique"}
+UNIQUE_AXIS = "edgec_unique_axis"  # relax.run.unique's replacement when it has an axis
 # Kernels edgec's converters call directly: the recurrent layers' loop (importer/recurrent.py),
 # the stacked outputs of Loop and Scan (importer/converters/control_flow.py).
-NATIVE_KERNELS = native.RUNTIME_KERNELS - set(REPLACEMENTS.values())
+NATIVE_KERNELS = native.RUNTIME_KERNELS - set(REPLACEMENTS.values()) - {UNIQUE_AXIS}
 _PYTHON_ONLY_PREFIX = "relax.run."
 _UNIQUE_ARGS = 5  # x, sorted, return_index, return_inverse, return_counts; an axis makes six
 
@@ -45,11 +46,14 @@ class _Redirect(relax.PyExprMutator):
             return call
         if not name.startswith(_PYTHON_ONLY_PREFIX):
             return call
-        if name not in REPLACEMENTS or (name == "relax.run.unique" and len(call.args) > 1 + _UNIQUE_ARGS):
-            self.refused.add(name if name != "relax.run.unique" else "relax.run.unique with an axis")
+        if name not in REPLACEMENTS:
+            self.refused.add(name)
             return call
-        self.used.add(REPLACEMENTS[name])
-        args = [relax.ExternFunc(REPLACEMENTS[name]), *call.args[1:]]
+        kernel = REPLACEMENTS[name]
+        if name == "relax.run.unique" and len(call.args) > 1 + _UNIQUE_ARGS:
+            kernel = UNIQUE_AXIS
+        self.used.add(kernel)
+        args = [relax.ExternFunc(kernel), *call.args[1:]]
         return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
 
 

@@ -169,7 +169,9 @@ class Pow:
 
 class OneHot:
     """ONNX OneHot with float indices or a float or one-element ``depth`` (ONNX allows them; TVM's
-    converter takes integers): both become integers, then TVM's converter runs."""
+    converter takes integers): both become integers, and an axis below -1 counted from the
+    front (TVM's one_hot takes only -1), then TVM's converter runs; its result is cast back to
+    the values' dtype."""
 
     @classmethod
     def get_converter(cls, opset: int) -> Callable:
@@ -181,7 +183,12 @@ class OneHot:
                 indices = bb.normalize(relax.op.astype(indices, "int64"))
             if isinstance(depth, tvm.ir.GenericConst):
                 depth = constant(np.int64(np.asarray(depth.value.numpy()).reshape(-1)[0]))
-            return fallback(bb, [indices, depth, *inputs[2:]], attrs, params)
+            axis = attrs.get("axis", -1)
+            if axis < -1:  # counted from the end of the output, one rank more than the indices
+                attrs = {**attrs, "axis": axis + indices.ty.ndim + 1}
+            result = bb.normalize(fallback(bb, [indices, depth, *inputs[2:]], attrs, params))
+            dtype = str(inputs[2].ty.dtype)  # TVM's takes the values as Python numbers (float64)
+            return result if str(result.ty.dtype) == dtype else relax.op.astype(result, dtype)
         return convert
 
 
