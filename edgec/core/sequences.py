@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgec.core.reference import reference_session
 from edgec.errors import ModelError, SamplesError
 
 # What a non-tensor value is during the rewrite: ("seq", [tensor names]) or ("opt", None | value),
@@ -586,7 +587,6 @@ def _type_outputs(flat: onnx.ModelProto, samples: list[dict[str, np.ndarray]]) -
         else:
             untyped.append(out)
     if untyped and samples:
-        from edgec.core.reference import reference_session
 
         results = reference_session(flat).run(samples[0])
         for out in untyped:
