@@ -50,6 +50,23 @@ def _calibrate_bn(model, example_shape, batches=3, run=None):
     return model
 
 
+def _temper_logits(model, layer, example_shape, std=2.0):
+    """Scale a classifier ``layer`` so its logits have about ``std`` on a seeded input: with
+    random weights a detector's box head feeds it features of size ~1e3, every score came out
+    1.0, and which tied box survives NMS is then arbitrary (no comparison means anything)."""
+    import torch
+
+    seen = []
+    hook = layer.register_forward_hook(lambda _m, _i, out: seen.append(out.detach()))
+    gen = torch.Generator().manual_seed(SEED + 11)
+    with torch.no_grad():
+        model([torch.randn(example_shape[1:], generator=gen).clamp(-2.5, 2.5)])
+        hook.remove()
+        logits = torch.cat([s.reshape(-1) for s in seen])
+        layer.weight.mul_(std / max(float(logits.std()), 1e-6))
+        layer.bias.zero_()
+
+
 def tv(name, size=224, **kwargs):
     def build():
         import torchvision
@@ -90,6 +107,9 @@ def tv_detection(name, size=320, **kwargs):
         model = getattr(torchvision.models.detection, name)(
             weights=None, weights_backbone=None, **kwargs).eval()
         _calibrate_bn(model.backbone, (2, 3, size, size))
+        predictor = getattr(getattr(model, "roi_heads", None), "box_predictor", None)
+        if predictor is not None:  # two-stage: random box-head features saturate softmax
+            _temper_logits(model, predictor.cls_score, (1, 3, size, size))
 
         class Det(torch.nn.Module):
             """A batch tensor in, the first image's boxes/scores/labels out."""
