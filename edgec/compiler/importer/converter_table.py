@@ -13,7 +13,7 @@ from typing import Any
 
 from tvm.relax.frontend.onnx import onnx_frontend
 
-from edgec.compiler.importer.converters import ops, shape_values, shapes, spec_ops, tensor_ops
+from edgec.compiler.importer.converters import ml, ops, shape_values, shapes, spec_ops, tensor_ops
 from edgec.compiler.importer.converters.control_flow import LAZY_IF, LazyIf, Loop, Scan
 from edgec.compiler.importer.converters.slicing import Slice, checked_squeeze
 from edgec.compiler.importer.recurrent import RECURRENT_KERNEL, RecurrentLoop
@@ -41,6 +41,7 @@ CONVERTERS: dict[str, type] = {
     "Slice": Slice,
     "Squeeze": checked_squeeze(onnx_frontend.Squeeze),
     **spec_ops.CONVERTERS,
+    **ml.CONVERTERS,
     "ReduceMax": ops.infinite_extremum(onnx_frontend.ReduceMax),
     "ReduceMin": ops.infinite_extremum(onnx_frontend.ReduceMin),
     "MatMul": ops.wide_matmul(onnx_frontend.MatMul),
