@@ -26,9 +26,15 @@ def _samples_opt(func):
                         help="A .npz file or a folder of them; keys are the model's input names.")(func)
 
 
+def _writable(_ctx, _param, path: Path) -> Path:
+    from edgec.fileio import check_writable  # checked before the command's work, not after it
+
+    return check_writable(path)
+
+
 def _out_opt(help_text: str):
     return click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
-                        help=help_text)
+                        callback=_writable, help=help_text)
 
 
 def _plan_opts(func):

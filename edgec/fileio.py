@@ -88,6 +88,26 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
+def check_writable(path: str | Path) -> Path:
+    """``path`` if a file can be written there, checked before a command does its work (a compile
+    takes minutes): not an existing folder, and under a folder that exists or can be made and
+    is writable. Raises OutputFileError naming the path and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputFileError(f"cannot write '{path}': it is a folder; -o takes the path of a "
+                              f"file (one inside it, for example)")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputFileError(f"cannot write '{path}': '{folder}' is a file, not a folder; "
+                              f"pick another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputFileError(f"cannot write '{path}': folder '{folder}' is not writable; "
+                              f"pick a writable folder for it")
+    return path
+
+
 def write_bytes(path: str | Path, data: bytes) -> Path:
     """Atomically write ``data`` to ``path``."""
     return atomic_write(path, lambda tmp: tmp.write_bytes(data))

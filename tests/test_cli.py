@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from edgec.cli import main
-from edgec.errors import ArtifactError, InputFileError, ModelError, SamplesError, TargetError
+from edgec.errors import (ArtifactError, InputFileError, ModelError, OutputFileError, SamplesError,
+                          TargetError)
 from edgec.runtime.artifact import Artifact
 
 
@@ -75,3 +76,17 @@ def test_debug_shows_the_traceback(tmp_path):
 def test_usage_errors_exit_2_without_traceback():
     result = _edgec("compile")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", [["compile", "--samples", "s"], ["profile", "--samples", "s"],
+                                     ["run", "--inputs", "s"]])
+@pytest.mark.parametrize("where", ["folder", "under_a_file"])
+def test_an_unusable_output_path_is_refused_before_any_work(tmp_path, command, where):
+    """-o an existing folder, or a path under a file: one line naming it, OutputFileError's code,
+    before the command reads its (here missing) inputs, let alone compiles for minutes."""
+    (tmp_path / "plain").write_text("")
+    output = tmp_path if where == "folder" else tmp_path / "plain" / "out.bin"
+    result = _edgec(command[0], tmp_path / "missing.onnx", *command[1:], "-o", output)
+    assert result.returncode == OutputFileError.exit_code, result.stderr
+    assert result.stderr.startswith(f"edgec: error: cannot write '{output}'")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
