@@ -211,38 +211,52 @@ class IsInf:
         return convert
 
 
+def _over(base, prefix: str):
+    """Decorator: ``convert(fallback, bb, inputs, attrs, params)`` as a converter class over
+    ``base`` (TVM's, or one that wraps it), ``fallback`` being ``base``'s converter for the
+    node's opset; named ``prefix`` + ``base``'s name."""
+
+    def make(convert: Callable) -> type:
+        class Converter:
+            @classmethod
+            def get_converter(cls, opset: int) -> Callable:
+                fallback = base.get_converter(opset)
+                return lambda bb, inputs, attrs, params: convert(fallback, bb, inputs, attrs, params)
+
+        Converter.__name__ = Converter.__qualname__ = prefix + getattr(base, "__name__", "")
+        return Converter
+    return make
+
+
+def _is_op(expr, *names: str) -> bool:
+    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+            and expr.op.name in names)
+
+
 def infinite_extremum(base) -> type:
     """A ReduceMax/ReduceMin converter over ``base`` (TVM's) whose float reduction starts from
     -inf/+inf, as ONNX's does: TOPI's starts from the lowest/highest finite value, so the max of
     a row of -inf came out -3.4e38 (Attention's fully masked rows test it against -inf). Over
     bool (opset 20) they are any/all: TOPI has no lowest bool and failed to compile."""
 
-    class Extremum:
-        @classmethod
-        def get_converter(cls, opset: int) -> Callable:
-            fallback = base.get_converter(opset)
-
-            def convert(bb, inputs, attrs, params):
-                result = fallback(bb, inputs, attrs, params)
-                if not (isinstance(result, relax.Call) and isinstance(result.op, tvm.ir.Op)
-                        and result.op.name in ("relax.max", "relax.min")):
-                    return result
-                data = result.args[0]
-                ty = data.ty
-                if not (isinstance(ty, relax.TensorType)
-                        and (_is_float_dtype(ty.dtype) or str(ty.dtype) == "bool")
-                        and isinstance(ty.shape, relax.ShapeExpr) and ty.ndim > 0):
-                    return result  # no dims to compute over: TOPI's (finite) start stays
-                axis = result.attrs.axis
-                axes = None if axis is None else [int(a) for a in axis]
-                if axes == []:
-                    return result
-                return bb.emit_te(_extremum, data, axes, bool(result.attrs.keepdims),
-                                  result.op.name == "relax.max")
-            return convert
-
-    Extremum.__name__ = Extremum.__qualname__ = getattr(base, "__name__", "Extremum")
-    return Extremum
+    @_over(base, "")
+    def convert(fallback, bb, inputs, attrs, params):
+        result = fallback(bb, inputs, attrs, params)
+        if not _is_op(result, "relax.max", "relax.min"):
+            return result
+        data = result.args[0]
+        ty = data.ty
+        if not (isinstance(ty, relax.TensorType)
+                and (_is_float_dtype(ty.dtype) or str(ty.dtype) == "bool")
+                and isinstance(ty.shape, relax.ShapeExpr) and ty.ndim > 0):
+            return result  # no dims to compute over: TOPI's (finite) start stays
+        axis = result.attrs.axis
+        axes = None if axis is None else [int(a) for a in axis]
+        if axes == []:
+            return result
+        return bb.emit_te(_extremum, data, axes, bool(result.attrs.keepdims),
+                          result.op.name == "relax.max")
+    return convert
 
 
 def _extremum(x, axes, keepdims: bool, largest: bool):
@@ -298,25 +312,15 @@ def wide_matmul(base) -> type:
     """A MatMul converter over ``base`` (TVM's) that accumulates float16/bfloat16 products in
     float32 (``out_dtype``, as ``ToMixedPrecision`` emits it) and rounds the result once."""
 
-    class MatMul:
-        @classmethod
-        def get_converter(cls, opset: int) -> Callable:
-            fallback = base.get_converter(opset)
-
-            def convert(bb, inputs, attrs, params):
-                result = fallback(bb, inputs, attrs, params)
-                dtype = _narrow(inputs[0])
-                if (dtype is None or _narrow(inputs[1]) != dtype
-                        or not (isinstance(result, relax.Call) and isinstance(result.op, tvm.ir.Op)
-                                and result.op.name == "relax.matmul")):
-                    return result
-                wide = bb.normalize(relax.op.matmul(result.args[0], result.args[1],
-                                                    out_dtype=WIDE_FLOAT))
-                return relax.op.astype(wide, dtype)
-            return convert
-
-    MatMul.__name__ = MatMul.__qualname__ = f"Wide{getattr(base, '__name__', 'MatMul')}"
-    return MatMul
+    @_over(base, "Wide")
+    def convert(fallback, bb, inputs, attrs, params):
+        result = fallback(bb, inputs, attrs, params)
+        dtype = _narrow(inputs[0])
+        if dtype is None or _narrow(inputs[1]) != dtype or not _is_op(result, "relax.matmul"):
+            return result
+        wide = bb.normalize(relax.op.matmul(result.args[0], result.args[1], out_dtype=WIDE_FLOAT))
+        return relax.op.astype(wide, dtype)
+    return convert
 
 
 class NarrowSoftmax:
@@ -355,38 +359,26 @@ def wide_conv(base) -> type:
     adds the bias, in float32 (``out_dtype``) and rounds the result once, as onnxruntime does
     (TVM's float16 accumulator was off by several ulps)."""
 
-    class Conv:
-        @classmethod
-        def get_converter(cls, opset: int) -> Callable:
-            fallback = base.get_converter(opset)
-
-            def convert(bb, inputs, attrs, params):
-                result = fallback(bb, inputs, attrs, params)
-                dtype = _narrow(inputs[0])
-                bias = None
-                conv = result
-                if _is_op(result, "relax.add") and _is_op(result.args[0], *_CONVOLUTIONS):
-                    conv, bias = result.args
-                if dtype is None or not _is_op(conv, *_CONVOLUTIONS) or conv.attrs.out_dtype:
-                    return result
-                a = conv.attrs
-                op = getattr(relax.op.nn, conv.op.name.rsplit(".", 1)[1])
-                wide = bb.normalize(op(conv.args[0], conv.args[1], strides=a.strides,
-                                       padding=a.padding, dilation=a.dilation, groups=a.groups,
-                                       data_layout=a.data_layout, kernel_layout=a.kernel_layout,
-                                       out_layout=a.out_layout, out_dtype=WIDE_FLOAT))
-                if bias is not None:
-                    wide = bb.normalize(relax.op.add(wide, relax.op.astype(bias, WIDE_FLOAT)))
-                return relax.op.astype(wide, dtype)
-            return convert
-
-    Conv.__name__ = Conv.__qualname__ = f"Wide{getattr(base, '__name__', 'Conv')}"
-    return Conv
-
-
-def _is_op(expr, *names: str) -> bool:
-    return (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
-            and expr.op.name in names)
+    @_over(base, "Wide")
+    def convert(fallback, bb, inputs, attrs, params):
+        result = fallback(bb, inputs, attrs, params)
+        dtype = _narrow(inputs[0])
+        bias = None
+        conv = result
+        if _is_op(result, "relax.add") and _is_op(result.args[0], *_CONVOLUTIONS):
+            conv, bias = result.args
+        if dtype is None or not _is_op(conv, *_CONVOLUTIONS) or conv.attrs.out_dtype:
+            return result
+        a = conv.attrs
+        op = getattr(relax.op.nn, conv.op.name.rsplit(".", 1)[1])
+        wide = bb.normalize(op(conv.args[0], conv.args[1], strides=a.strides, padding=a.padding,
+                               dilation=a.dilation, groups=a.groups, data_layout=a.data_layout,
+                               kernel_layout=a.kernel_layout, out_layout=a.out_layout,
+                               out_dtype=WIDE_FLOAT))
+        if bias is not None:
+            wide = bb.normalize(relax.op.add(wide, relax.op.astype(bias, WIDE_FLOAT)))
+        return relax.op.astype(wide, dtype)
+    return convert
 
 
 def without_empty_operands(base) -> type:
@@ -394,21 +386,14 @@ def without_empty_operands(base) -> type:
     along the axis (CausalConvWithState's zero padding of a size-one kernel): TVM folds their
     zeros into a constant with no elements, which the VM cannot load from an artifact."""
 
-    class Concat:
-        @classmethod
-        def get_converter(cls, opset: int) -> Callable:
-            fallback = base.get_converter(opset)
-
-            def convert(bb, inputs, attrs, params):
-                axis = int(attrs.get("axis", 0))
-                kept = [x for x in inputs if not _empty_along(x, axis)]
-                if kept and len(kept) < len(inputs):
-                    return kept[0] if len(kept) == 1 else fallback(bb, kept, attrs, params)
-                return fallback(bb, inputs, attrs, params)
-            return convert
-
-    Concat.__name__ = Concat.__qualname__ = f"NonEmpty{getattr(base, '__name__', 'Concat')}"
-    return Concat
+    @_over(base, "NonEmpty")
+    def convert(fallback, bb, inputs, attrs, params):
+        axis = int(attrs.get("axis", 0))
+        kept = [x for x in inputs if not _empty_along(x, axis)]
+        if kept and len(kept) < len(inputs):
+            return kept[0] if len(kept) == 1 else fallback(bb, kept, attrs, params)
+        return fallback(bb, inputs, attrs, params)
+    return convert
 
 
 def _empty_along(expr, axis: int) -> bool:
