@@ -81,15 +81,25 @@ def tensor_dtype(elem_type: int) -> str:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
 
 
+def element_type(type_proto: onnx.TypeProto) -> onnx.TypeProto | None:
+    """The tensor type inside a sequence/optional type (any depth); None where there is none (a
+    map, a sparse tensor)."""
+    while not type_proto.HasField("tensor_type"):
+        if type_proto.HasField("sequence_type"):
+            type_proto = type_proto.sequence_type.elem_type
+        elif type_proto.HasField("optional_type"):
+            type_proto = type_proto.optional_type.elem_type
+        else:
+            return None
+    return type_proto
+
+
 def _spec_of(value: onnx.ValueInfoProto, where: str) -> TensorSpec | ValueSpec:
     for kind in ("sequence", "optional"):
         if value.type.HasField(f"{kind}_type"):
-            element = value.type
-            while not element.HasField("tensor_type"):
-                inner = element.sequence_type if element.HasField("sequence_type") else element.optional_type
-                if not inner.HasField("elem_type"):
-                    raise ModelError(f"{where} '{value.name}' is a {kind} of unsupported elements")
-                element = inner.elem_type
+            element = element_type(value.type)
+            if element is None:
+                raise ModelError(f"{where} '{value.name}' is a {kind} of unsupported elements")
             try:
                 return ValueSpec(value.name, kind, tensor_dtype(element.tensor_type.elem_type))
             except (KeyError, TypeError, ValueError):

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from edgec.core.model import element_type, tensor_dtype
 from edgec.core.reference import reference_session
 from edgec.errors import ModelError, SamplesError
 
@@ -35,17 +36,22 @@ def structured(value: onnx.ValueInfoProto) -> bool:
     return value.type.HasField("sequence_type") or value.type.HasField("optional_type")
 
 
+def _boundary_record(value: onnx.ValueInfoProto) -> tuple[str, onnx.TypeProto, dict]:
+    """A sequence or optional graph input/output: its kind, its element type and the start of
+    its manifest record."""
+    kind = _kind(value.type)
+    element = _element_type(value.type)
+    return kind, element, {"name": value.name, "kind": kind,
+                           "dtype": tensor_dtype(element.tensor_type.elem_type)}
+
+
 def _element_type(type_proto: onnx.TypeProto) -> onnx.TypeProto:
     """The tensor type inside a sequence/optional type (any depth)."""
-    while not type_proto.HasField("tensor_type"):
-        if type_proto.HasField("sequence_type"):
-            type_proto = type_proto.sequence_type.elem_type
-        elif type_proto.HasField("optional_type"):
-            type_proto = type_proto.optional_type.elem_type
-        else:
-            raise ModelError("a map or sparse tensor at the model's boundary is not supported; "
-                             "edgec supports tensors, sequences and optionals")
-    return type_proto
+    element = element_type(type_proto)
+    if element is None:
+        raise ModelError("a map or sparse tensor at the model's boundary is not supported; "
+                         "edgec supports tensors, sequences and optionals")
+    return element
 
 
 def _kind(type_proto: onnx.TypeProto) -> str:
@@ -455,12 +461,9 @@ def flatten(proto: onnx.ModelProto, samples: Sequence[dict[str, Any]]) -> Flatte
             flat_inputs.append(value)
             records_in.append({"name": value.name, "kind": "tensor"})
             continue
-        kind = _kind(value.type)
-        element = _element_type(value.type)
+        kind, element, record = _boundary_record(value)
         shape = _structure(value.name, kind, [s.get(value.name) for s in samples])
         arrays = [s[value.name] for s in samples]
-        record = {"name": value.name, "kind": kind,
-                  "dtype": np.dtype(helper.tensor_dtype_to_np_dtype(element.tensor_type.elem_type)).name}
         if shape is None:
             rewriter.values[value.name] = ("opt", None)
             record["tensors"] = None
@@ -484,11 +487,8 @@ def flatten(proto: onnx.ModelProto, samples: Sequence[dict[str, Any]]) -> Flatte
             outputs.append(value)
             records_out.append({"name": value.name, "kind": "tensor"})
             continue
-        kind = _kind(value.type)
-        element = _element_type(value.type)
+        kind, element, record = _boundary_record(value)
         current = rewriter.values.get(value.name)
-        record = {"name": value.name, "kind": kind,
-                  "dtype": np.dtype(helper.tensor_dtype_to_np_dtype(element.tensor_type.elem_type)).name}
         if current is not None and current[0] == "opt":
             current = current[1]
         if current is None:
