@@ -248,19 +248,24 @@ def _boxes(n, seed):
     return boxes, scores
 
 
-@pytest.mark.parametrize("center_point_box,score_threshold", [(0, 0.2), (1, 0.2), (0, None)])
-def test_nms_over_a_run_time_box_count_matches_onnx(center_point_box, score_threshold, tmp_path):
-    """One program for every box count (edgec's CPU kernel): counts seen when profiling and one
-    never seen, against ONNX's reference."""
+def _compiled_for(model, samples, path):
+    """``model`` compiled by the driver for ``samples`` (one program), loaded from ``path``."""
     from edgec import runtime
     from edgec.core.samples import Sample
     from edgec.driver import compile as compile_model
 
+    artifact = compile_model(from_proto(model, path.stem),
+                             [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
+    return runtime.load(artifact.save(path))
+
+
+@pytest.mark.parametrize("center_point_box,score_threshold", [(0, 0.2), (1, 0.2), (0, None)])
+def test_nms_over_a_run_time_box_count_matches_onnx(center_point_box, score_threshold, tmp_path):
+    """One program for every box count (edgec's CPU kernel): counts seen when profiling and one
+    never seen, against ONNX's reference."""
     model = _detector_nms_model(center_point_box, score_threshold)
     samples = [dict(zip(("boxes", "scores"), _boxes(n, n))) for n in (12, 30)]
-    artifact = compile_model(from_proto(model, "nms"),
-                             [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
-    compiled = runtime.load(artifact.save(tmp_path / "nms.edgec"))
+    compiled = _compiled_for(model, samples, tmp_path / "nms.edgec")
     for arrays in samples + [dict(zip(("boxes", "scores"), _boxes(n, 99 + n))) for n in (1, 45)]:
         want = _reference(model, [arrays["boxes"], arrays["scores"]])[0]
         np.testing.assert_array_equal(compiled.run(arrays)["sel"], want)
@@ -271,10 +276,6 @@ def test_nms_in_a_top_level_if_then_cut_and_gathered_after_it(tmp_path):
     """torchvision's batched NMS: ``If(boxes empty) then [] else NMS(...)[:, 2]``, its result cut
     to at most 5 and used to gather boxes after the If. The top-level If must not land inside
     a dataflow block (FuseOps failed: "it_creator != group2func_")."""
-    from edgec import runtime
-    from edgec.core.samples import Sample
-    from edgec.driver import compile as compile_model
-
     consts = {"max": np.array([2**63 - 1], np.int64), "iou": np.array([0.45], np.float32),
               "score": np.array([0.2], np.float32), "two": np.array([2], np.int64),
               "one": np.array([1], np.int64), "zero": np.array([0], np.int64),
@@ -297,9 +298,7 @@ def test_nms_in_a_top_level_if_then_cut_and_gathered_after_it(tmp_path):
                    [_vi("picked", np.float32, ["m", 4])],
                    [numpy_helper.from_array(v, k) for k, v in consts.items()], opset=13)
     samples = [dict(zip(("boxes", "scores"), _boxes(n, n))) for n in (12, 30)]
-    artifact = compile_model(from_proto(model, "nms_if"),
-                             [Sample(f"s{k}", s) for k, s in enumerate(samples)]).artifact
-    compiled = runtime.load(artifact.save(tmp_path / "nms_if.edgec"))
+    compiled = _compiled_for(model, samples, tmp_path / "nms_if.edgec")
     for arrays in samples + [dict(zip(("boxes", "scores"), _boxes(n, 7 + n))) for n in (2, 41)]:
         want = _reference(model, [arrays["boxes"], arrays["scores"]])[0]
         np.testing.assert_array_equal(compiled.run(arrays)["picked"], want)
