@@ -3,10 +3,12 @@ the result; errors a user can cause print one line and exit with their class's c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -21,9 +23,111 @@ def _model_arg(func):
     return click.argument("model", type=click.Path(path_type=Path))(func)
 
 
+class _ShapesType(click.ParamType):
+    """``NAME:1x3x224x224``, ``DIM=128`` or a bare ``1x3x224x224`` (a model's only input),
+    comma-separated: one set of shapes for random inputs."""
+
+    name = "shapes"
+
+    def convert(self, value, param, ctx):
+        from edgec.core.samples import ShapeSet
+
+        if isinstance(value, ShapeSet):
+            return value
+        inputs: dict[str, tuple[int, ...]] = {}
+        dims: dict[str, int] = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                if "=" in item:
+                    dim, size = item.split("=", 1)
+                    dims[dim.strip()] = self._size(size)
+                else:
+                    name, _, shape = item.rpartition(":")
+                    inputs[name.strip()] = tuple(self._size(d) for d in shape.lower().split("x"))
+            except ValueError:
+                self.fail(f"'{item}' is not NAME:1x3x224x224 or DIM=N", param, ctx)
+        return ShapeSet(inputs, dims)
+
+    @staticmethod
+    def _size(text: str) -> int:
+        size = int(text)
+        if size < 0:
+            raise ValueError(text)
+        return size
+
+
+class _IntRangeType(click.ParamType):
+    """``LO:HI``, a half-open range of integers."""
+
+    name = "lo:hi"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            low, high = (int(part) for part in value.split(":"))
+        except ValueError:
+            self.fail(f"'{value}' is not LO:HI (e.g. 0:30522)", param, ctx)
+        if low >= high:
+            self.fail(f"'{value}' is empty: LO must be below HI", param, ctx)
+        return low, high
+
+
+@dataclass(frozen=True)
+class _SampleSource:
+    """Where a command's samples come from: --samples, or random inputs of --shapes."""
+
+    path: Path | None
+    shape_sets: tuple
+    count: int
+    int_range: tuple[int, int] | None
+    seed: int
+
+    def read(self, model):
+        """The samples for ``model``: read and checked, or drawn (which is said on stderr)."""
+        from edgec.core.samples import load_samples, random_samples
+
+        if self.path is not None:
+            if self.shape_sets:
+                raise EdgecError("pass either --samples or --shapes, not both")
+            return load_samples(self.path, model)
+        if self.count < 1:
+            raise EdgecError(f"--count {self.count}: random inputs need at least 1 per shape set")
+        samples = random_samples(model, list(self.shape_sets), self.count, self.seed,
+                                 self.int_range)
+        click.echo(f"note: no --samples: {len(samples)} random inputs (seed {self.seed}); a plan, "
+                   f"calibration or timing made on them is only as good as they are like the "
+                   f"real inputs", err=True)
+        return samples
+
+
+_SAMPLE_OPTIONS = ("samples_path", "shape_sets", "sample_count", "int_range", "input_seed")
+
+
 def _samples_opt(func):
-    return click.option("--samples", "samples_path", required=True, type=click.Path(path_type=Path),
-                        help="A .npz file or a folder of them; keys are the model's input names.")(func)
+    """--samples, or random inputs (--shapes, --count, --int-range, --input-seed), given to the
+    command as one ``samples`` argument, a _SampleSource."""
+    @functools.wraps(func)
+    def command(**kwargs):
+        source = _SampleSource(*(kwargs.pop(key) for key in _SAMPLE_OPTIONS))
+        return func(samples=source, **kwargs)
+
+    command = click.option(
+        "--samples", "samples_path", default=None, type=click.Path(path_type=Path),
+        help="A .npz file or a folder of them; keys are the model's input names (default: "
+             "random inputs, see --shapes).")(command)
+    command = click.option(
+        "--shapes", "shape_sets", multiple=True, type=_ShapesType(),
+        help="Without --samples: shapes for random inputs, as NAME:1x3x224x224 or DIM=N, "
+             "comma-separated; repeat for several shape sets. A static model needs none.")(command)
+    command = click.option("--count", "sample_count", default=4, show_default=True, type=int,
+                           help="Without --samples: random samples per shape set.")(command)
+    command = click.option(
+        "--int-range", default=None, type=_IntRangeType(),
+        help="Without --samples: values of integer inputs, LO:HI (default 0:2; ids that index a "
+             "table stay below its size).")(command)
+    return click.option("--input-seed", default=0, show_default=True, type=int,
+                        help="Without --samples: the random inputs' seed.")(command)
 
 
 def _writable(_ctx, _param, path: Path) -> Path:
@@ -145,14 +249,13 @@ def zoo_export(name: str, output: Path, seed: int, count: int | None) -> None:
 @_model_arg
 @_samples_opt
 @_out_opt("Where to write the profile (JSON).")
-def profile_cmd(model: Path, samples_path: Path, output: Path) -> None:
+def profile_cmd(model: Path, samples: _SampleSource, output: Path) -> None:
     """Run MODEL on samples and record shapes, branches, trip counts, node times and ranges."""
     from edgec.core.model import load_model
     from edgec.stages.profile import profile
-    from edgec.core.samples import load_samples
 
     loaded = load_model(model)
-    result = profile(loaded, load_samples(samples_path, loaded))
+    result = profile(loaded, samples.read(loaded))
     result.save(output)
     _note_reference_error(result)
     click.echo(f"profiled {result.sample_count} samples, {len(result.shapes)} distinct shapes -> {output}")
@@ -298,7 +401,7 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
 @_dump_ir_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
-def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
+def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, max_artifact_mb: float,
                 compile_budget_s: float, save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
@@ -323,10 +426,10 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
         QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme),
         dump_ir=dump_ir)
     settings.check()
-    samples = load_samples(samples_path, loaded)
+    sample_list = samples.read(loaded)
     held_out = (load_samples(held_out_path, loaded)
                 if held_out_path is not None and quantize_mode != "none" else None)
-    result = compile_model(loaded, samples, target_list, settings, held_out=held_out)
+    result = compile_model(loaded, sample_list, target_list, settings, held_out=held_out)
     _note_reference_error(result.profile)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
@@ -423,7 +526,7 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
               help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
 @_require_signature_opt
 @_out_opt("Where to write the result (JSON).")
-def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int, warmup: int,
+def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, runs: int, warmup: int,
               threads: int, target: str | None, baselines: str, public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
@@ -431,7 +534,6 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     from edgec.stages.bench import BenchSettings
     from edgec.core.model import load_model
     from edgec.runtime.artifact import Artifact
-    from edgec.core.samples import load_samples
 
     if model_path is None:
         source = Artifact.load(artifact).manifest["model"].get("source", "")
@@ -441,7 +543,7 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     loaded = load_model(model_path)
     settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
-    result = benchmark(artifact, loaded, load_samples(samples_path, loaded), settings,
+    result = benchmark(artifact, loaded, samples.read(loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
     click.echo(
@@ -546,16 +648,15 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
               help="Max abs difference relative to each activation's scale.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the per-node table as JSON.")
-def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, output: Path | None) -> None:
+def debug_cmd(model: Path, samples: _SampleSource, target: str, tolerance: float, output: Path | None) -> None:
     """Name the first node (and region) whose compiled output diverges from the reference."""
     from edgec.tools.debug import debug
     from edgec.fileio import write_text
     from edgec.core.model import load_model
-    from edgec.core.samples import load_samples
     from edgec.core.targets import load_target
 
     loaded = load_model(model)
-    result = debug(loaded, load_samples(samples_path, loaded), load_target(target), tolerance)
+    result = debug(loaded, samples.read(loaded), load_target(target), tolerance)
     if output is not None:
         write_text(output, json.dumps(result.to_json(), indent=1) + "\n")
     for row in sorted(result.nodes, key=lambda r: -r["max_rel"])[:10]:

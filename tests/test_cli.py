@@ -4,7 +4,10 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
+
+from conftest import mlp_model
 
 from edgec.cli import main
 from edgec.errors import (ArtifactError, InputFileError, ModelError, OutputFileError, SamplesError,
@@ -90,3 +93,47 @@ def test_an_unusable_output_path_is_refused_before_any_work(tmp_path, command, w
     assert result.returncode == OutputFileError.exit_code, result.stderr
     assert result.stderr.startswith(f"edgec: error: cannot write '{output}'")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_random_inputs_for_a_static_model_and_for_given_shapes(mlp_dir, tmp_path, capsys):
+    """No --samples: a static model compiles on random inputs, a dynamic one on --shapes (trtexec
+    style, several shape sets), and bench measures on them; each says the inputs were random."""
+    static = mlp_model()
+    for dim, size in zip(static.graph.input[0].type.tensor_type.shape.dim, (1, 4)):
+        dim.dim_value = size
+    for dim, size in zip(static.graph.output[0].type.tensor_type.shape.dim, (1, 4)):
+        dim.dim_value = size
+    onnx.save(static, str(tmp_path / "static.onnx"))
+    assert main(["compile", str(tmp_path / "static.onnx"), "--target", "x86_64",
+                 "-o", str(tmp_path / "s.edgec")]) == 0
+    assert "random inputs (seed 0)" in capsys.readouterr().err
+
+    model = mlp_dir / "model.onnx"
+    assert main(["compile", str(model), "--shapes", "batch=1,seq=8", "--shapes", "x:2x4x16",
+                 "--count", "3", "--target", "x86_64", "-o", str(tmp_path / "d.edgec")]) == 0
+    captured = capsys.readouterr()
+    assert "6 random inputs" in captured.err
+    functions = Artifact.load(tmp_path / "d.edgec").manifest["libraries"]["x86_64"]["functions"]
+    assert sorted(f.get("dims", {}).get("seq", 0) for f in functions if f.get("dims")) == [4, 8]
+    assert main(["bench", str(tmp_path / "d.edgec"), "--shapes", "batch=3,seq=5", "--runs", "2",
+                 "--baselines", "onnxruntime", "-o", str(tmp_path / "r.json")]) == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "has symbolic dims batch, seq with no value: pass --shapes batch=N,seq=N"),
+    (["--shapes", "x:1x2"], "--shapes gives input 'x' rank 2 (1x2), the model expects rank 3"),
+    (["--shapes", "batch=1,seq=2", "--samples", "{samples}"], "pass either --samples or --shapes"),
+])
+def test_random_input_errors_are_one_line(mlp_dir, tmp_path, args, message):
+    args = [a.format(samples=mlp_dir / "samples") for a in args]
+    result = _edgec("compile", mlp_dir / "model.onnx", *args, "-o", tmp_path / "a.edgec")
+    assert result.returncode in (SamplesError.exit_code, 2), result.stderr
+    assert message in result.stderr and result.stderr.strip().count("\n") <= 1, result.stderr
+    assert not (tmp_path / "a.edgec").exists()
+
+
+@pytest.mark.parametrize("value", ["x:1xAx3", "seq=-1", "x:"])
+def test_malformed_shapes_are_usage_errors(mlp_dir, tmp_path, value):
+    result = _edgec("compile", mlp_dir / "model.onnx", "--shapes", value, "-o", tmp_path / "a.edgec")
+    assert result.returncode == 2 and "is not NAME:1x3x224x224 or DIM=N" in result.stderr
+    assert "Traceback" not in result.stderr

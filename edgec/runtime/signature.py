@@ -157,7 +157,8 @@ def bind_inputs(
         if not isinstance(array, np.ndarray):
             raise error(f"{where}: input '{spec.name}' is a {type(array).__name__}, not a numpy array")
         if array.dtype != spec.dtype:  # not dtype.name, which numpy rebuilds on every access
-            raise error(f"{where}: input '{spec.name}' is {array.dtype.name}, the model expects {spec.dtype}")
+            raise error(f"{where}: input '{spec.name}' is {array.dtype.name}, the model expects "
+                        f"{spec.dtype}; convert it first (numpy: .astype('{spec.dtype}'))")
         if array.ndim != spec.rank:
             raise error(
                 f"{where}: input '{spec.name}' has rank {array.ndim} (shape {list(array.shape)}), "

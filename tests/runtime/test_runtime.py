@@ -25,7 +25,7 @@ def test_runs_specialized_and_fallback_shapes_matching_onnxruntime(mlp_artifact)
 
 
 @pytest.mark.parametrize("inputs, message", [
-    ({"x": np.zeros((1, 2, 16), np.float64)}, "is float64, the model expects float32"),
+    ({"x": np.zeros((1, 2, 16), np.float64)}, "is float64, the model expects float32; convert it first"),
     ({"x": np.zeros((1, 16), np.float32)}, "has rank 2"),
     ({"x": np.zeros((1, 2, 3), np.float32)}, "fixes it to 16"),
     ({"z": np.zeros((1, 2, 16), np.float32)}, "missing x"),

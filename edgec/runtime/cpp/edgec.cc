@@ -707,7 +707,9 @@ void BindInputs(const std::vector<TensorSpec>& specs, const std::vector<Given>& 
     }
     if (dtype != spec.dtype) {
       throw Error(ErrorKind::kSamples, where + ": input " + Quote(spec.name) + " is " + dtype +
-                                           ", the model expects " + spec.dtype);
+                                           ", the model expects " + spec.dtype +
+                                           "; convert it first (numpy: .astype('" + spec.dtype +
+                                           "'))");
     }
     if (static_cast<size_t>(g.ndim) != spec.dims.size()) {
       throw Error(ErrorKind::kSamples,
