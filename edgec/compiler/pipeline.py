@@ -9,7 +9,8 @@ what runs for a target.
     tune        tuned schedules from the target's MetaSchedule database (CPU)
     schedule    edgec's vectorizing schedules for the other kernels (CPU)
     lower       TVM's dataflow lowering and memory planning (each If branch then allocating the
-                storage it uses: ``transform.branch_storage``), VM code generation and linking
+                storage it uses: ``transform.branch_storage``), VM code generation (shape
+                functions in one order: ``transform.shape_func_order``) and linking
 
 ``phases(backend, target, options, record)`` lists the Relax phases for a backend from its
 capability attributes (``backends.base.Backend``); ``compile`` runs them and links the library.
@@ -39,13 +40,14 @@ from edgec.compiler.importer.fold import fix_inputs, fold_constants
 from edgec.compiler.importer.recurrent import rewrite_recurrent
 from edgec.compiler.ir import extern_symbols
 from edgec.compiler.transform import library_offload
-from edgec.compiler.transform.branch_storage import after_memory_planning
+from edgec.compiler.transform.branch_storage import BranchStorage
 from edgec.compiler.transform.fast_math import FastMath
 from edgec.compiler.transform.fp16 import FP16
 from edgec.compiler.transform.native_kernels import NativeKernels
 from edgec.compiler.transform.quantized import Int8Lowering, QuantizedLowering
 from edgec.compiler.transform.schedules import (ApplyTuningDatabase, CPUSchedules, KernelCount,
                                                 kernels_parallel)
+from edgec.compiler.transform.shape_func_order import OrderShapeFunctions
 from edgec.compiler.transform.shape_reads import UnfusedShapeReads
 from edgec.compiler.transform.unique_vars import UniqueVars
 from edgec.compiler.tuning_database import open_database
@@ -180,10 +182,24 @@ def phases(backend: Backend, target: Target, options: Options, record: Record) -
         record.database = open_database(target, must_exist=False)
         result += [Phase("tune", [ApplyTuningDatabase(record.database, record.kernels)]),
                    Phase("schedule", [CPUSchedules])]
-    # TVM's memory planning may hand one branch of an If storage bound in another: each branch
-    # allocates its own (transform.branch_storage).
-    result.append(Phase("lower", lowering.dataflow_lower_passes(tvm_target)
-                        + after_memory_planning(lowering.finalize_passes(tvm_target))))
+    result.append(Phase("lower", with_fixes(lowering.dataflow_lower_passes(tvm_target)
+                                            + lowering.finalize_passes(tvm_target))))
+    return result
+
+
+# edgec's passes that mend what one of TVM's passes leaves, each run right after that pass: the
+# memory planning may hand one branch of an If storage bound in another (each branch then
+# allocates its own), and the shape lowering orders its statements differently on every run.
+_FIXES_AFTER = {"StaticPlanBlockMemory": BranchStorage, "VMShapeLower": OrderShapeFunctions}
+
+
+def with_fixes(passes: list) -> list:
+    """TVM's ``passes`` with each of edgec's fixes right after the pass it mends."""
+    result = []
+    for p in passes:
+        result.append(p)
+        if p.info.name in _FIXES_AFTER:
+            result.append(_FIXES_AFTER[p.info.name])
     return result
 
 

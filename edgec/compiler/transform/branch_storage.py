@@ -83,12 +83,3 @@ def BranchStorage(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRM
                 result[gvar] = new
     return result
 
-
-def after_memory_planning(passes: list) -> list:
-    """``passes`` with ``BranchStorage`` right after each ``StaticPlanBlockMemory``."""
-    result = []
-    for p in passes:
-        result.append(p)
-        if p.info.name == "StaticPlanBlockMemory":
-            result.append(BranchStorage)
-    return result

@@ -10,7 +10,8 @@ import tvm
 from tvm import relax
 from tvm.script import ir as I, relax as R, tirx as T  # noqa: E741
 
-from edgec.compiler.transform.branch_storage import BranchStorage, after_memory_planning
+from edgec.compiler.pipeline import with_fixes
+from edgec.compiler.transform.branch_storage import BranchStorage
 
 
 @I.ir_module
@@ -124,10 +125,9 @@ def test_a_planning_without_cross_branch_reuse_is_unchanged():
     assert BranchStorage(fixed)["main"].same_as(fixed["main"])
 
 
-def test_after_memory_planning_places_the_pass():
-    passes = after_memory_planning([relax.transform.ToNonDataflow(),
-                                    relax.transform.StaticPlanBlockMemory(),
-                                    relax.transform.KillAfterLastUse()])
+def test_with_fixes_places_the_pass():
+    passes = with_fixes([relax.transform.ToNonDataflow(), relax.transform.StaticPlanBlockMemory(),
+                         relax.transform.KillAfterLastUse()])
     assert [p.info.name for p in passes] == ["ToNonDataflow", "StaticPlanBlockMemory",
                                              "edgec.BranchStorage", "KillAfterLastUse"]
 
@@ -140,8 +140,7 @@ def test_every_branch_runs_in_turn(order):
     target = tvm.target.Target("llvm")
     with target:
         lowered = tvm.transform.Sequential(
-            cpu.dataflow_lower_passes(target)
-            + after_memory_planning(cpu.finalize_passes(target)))(Nested)
+            with_fixes(cpu.dataflow_lower_passes(target) + cpu.finalize_passes(target)))(Nested)
     vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
     x = np.arange(4, dtype=np.float32)
     for c1, c2 in order:
