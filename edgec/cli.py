@@ -60,6 +60,14 @@ def _dump_ir_opt(func):
                              "(NN_<phase>.py, TVMScript).")(func)
 
 
+def _name_opt(func):
+    return click.option("--name", "model_name", default=None,
+                        help="The model's name in the manifest, bench results and reports "
+                             "(`report --compare` matches rows by it; default: the ONNX graph's "
+                             "name, or the file's when the graph has an exporter's default "
+                             "name).")(func)
+
+
 def _sign_opt(func):
     return click.option("--sign", "sign_key", type=click.Path(path_type=Path), default=None,
                         help="Sign the artifact with this Ed25519 private key (see `edgec keygen`).")(func)
@@ -266,11 +274,12 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
               help="Decisions from `edgec quantize` (the manifest then records their simulated "
                    "accuracy; `edgec compile --quantize` also measures the artifact).")
 @_dump_ir_opt
+@_name_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
-              quantization_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
-              output: Path) -> None:
+              quantization_path: Path | None, dump_ir: Path | None, model_name: str | None,
+              sign_key: Path | None, output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from edgec.stages.build import build
     from edgec.core.model import load_model
@@ -280,7 +289,7 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
     sign = _signer(sign_key)
     target_list, chosen = _targets_or_default(targets)
     quantization = Quantization.load(quantization_path) if quantization_path else None
-    artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen,
+    artifact = build(load_model(model, model_name), Plan.load(plan_path), target_list, targets_chosen=chosen,
                      quantization=quantization, dump_ir=dump_ir)
     sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
@@ -296,14 +305,15 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
               help="Also write profile.json, plan.json (and quantization.json) into this folder.")
 @_quantize_opts
 @_dump_ir_opt
+@_name_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, max_artifact_mb: float,
                 compile_budget_s: float, save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
-                held_out_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
-                output: Path) -> None:
+                held_out_path: Path | None, dump_ir: Path | None, model_name: str | None,
+                sign_key: Path | None, output: Path) -> None:
     """Profile, plan, quantize and build in one go."""
     from edgec.core.model import load_model
     from edgec.core.samples import load_samples
@@ -314,7 +324,7 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
     from edgec.core.targets import load_target
 
     sign = _signer(sign_key)
-    loaded = load_model(model)
+    loaded = load_model(model, model_name)
     target_list = [load_target(t) for t in targets]
     if not target_list:
         _say_default(default_targets()[0][0])
@@ -433,12 +443,14 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     from edgec.runtime.artifact import Artifact
     from edgec.core.samples import load_samples
 
+    built_from = Artifact.load(artifact).manifest["model"]
     if model_path is None:
-        source = Artifact.load(artifact).manifest["model"].get("source", "")
+        source = built_from.get("source", "")
         if not source or not Path(source).is_file():
             raise EdgecError(f"the model '{artifact}' was built from is not at '{source}'; pass --model")
         model_path = Path(source)
-    loaded = load_model(model_path)
+    # Named as the artifact names it (`--name` at build), so its measurements are recorded so too.
+    loaded = load_model(model_path, built_from["name"])
     settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     result = benchmark(artifact, loaded, load_samples(samples_path, loaded), settings,

@@ -38,6 +38,12 @@ class RegressionError(EdgecError):
     exit_code = 11
 
 
+class BaselineMismatchError(EdgecError):
+    """No result matches a row of the baseline (model and target), so nothing was compared."""
+
+    exit_code = 13
+
+
 def summary_row(result: BenchResult) -> dict[str, Any]:
     """One flat row per bench result: what the tables show and what ``compare`` reads."""
     return {
@@ -361,8 +367,16 @@ def load_baseline(path: str | Path) -> list[dict[str, Any]]:
 def compare(results: list[BenchResult], baseline: list[dict[str, Any]], max_regression: float
             ) -> tuple[str, list[str]]:
     """A Markdown table of each result against the baseline row for the same model and target,
-    and the list of what regressed beyond ``max_regression`` (0.1 = 10%)."""
+    and the list of what regressed beyond ``max_regression`` (0.1 = 10%). A result without a
+    baseline row is listed as new; raises :class:`BaselineMismatchError` when no result has one,
+    since a gate that compared nothing must not pass."""
     by_key = {(row["model"], row["target"]): row for row in baseline}
+    now = [(r["model"], r["target"]) for r in results]
+    if not set(now) & set(by_key):
+        raise BaselineMismatchError(
+            f"no result matches the baseline, so nothing was compared: results {_names(now)}, "
+            f"baseline {_names(list(by_key))}; name the model as the baseline does (`--name` on "
+            f"compile/build) or make a baseline from these results")
     lines = ["| model | target | metric | baseline | now | change | verdict |", "|---|---|---|---|---|---|---|"]
     regressions = []
     for result in results:
@@ -387,6 +401,10 @@ def compare(results: list[BenchResult], baseline: list[dict[str, Any]], max_regr
             if worse:
                 regressions.append(f"{row['model']}/{row['target']} {metric} {_fmt(before)} -> {_fmt(now)}")
     return "\n".join(lines) + "\n", regressions
+
+
+def _names(keys: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{model}/{target}" for model, target in dict.fromkeys(keys)) or "none"
 
 
 def parse_margin(text: str) -> float:

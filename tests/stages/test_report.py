@@ -10,7 +10,7 @@ from conftest import MLP_SHAPES, mlp_model, mlp_samples
 from edgec.stages.bench import BenchResult, BenchSettings, bench
 from edgec.cli import main
 from edgec.core.model import from_proto
-from edgec.stages.report import RegressionError, compare, parse_margin, report, summary_row
+from edgec.stages.report import BaselineMismatchError, RegressionError, compare, parse_margin, report, summary_row
 from edgec.core.samples import Sample
 
 
@@ -73,6 +73,25 @@ def test_cli_compare_exit_codes(result, tmp_path):
                  "--compare", str(tmp_path / "base" / "report.json"), "--max-regression", "10%"])
     assert code == RegressionError.exit_code
     assert "REGRESSED" in (tmp_path / "slow" / "compare.md").read_text()
+
+
+def test_compare_refuses_a_baseline_that_shares_no_model(result, tmp_path, capsys):
+    """A gate that matched nothing must fail, not pass: one line naming both sides' models."""
+    renamed = [{**summary_row(result), "model": "ee"}]
+    with pytest.raises(BaselineMismatchError, match="results mlp/x86_64, baseline ee/x86_64"):
+        compare([result], renamed, 0.10)
+    table, _ = compare([result, _with(result, model="other")], [summary_row(result)], 0.10)
+    assert "| other | x86_64 | all | — | — | — | new |" in table, "one match is enough to compare"
+
+    result.save(tmp_path / "now.json")
+    _with(result, model="ee").save(tmp_path / "ee.json")
+    assert main(["report", str(tmp_path / "ee.json"), "-o", str(tmp_path / "base")]) == 0
+    capsys.readouterr()
+    code = main(["report", str(tmp_path / "now.json"), "-o", str(tmp_path / "now"),
+                 "--compare", str(tmp_path / "base" / "report.json")])
+    err = capsys.readouterr().err.strip()
+    assert code == BaselineMismatchError.exit_code != 0
+    assert len(err.splitlines()) == 1 and "mlp/x86_64" in err and "ee/x86_64" in err
 
 
 def _png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
