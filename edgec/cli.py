@@ -426,6 +426,9 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
 @click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
               help="The ONNX model for the onnxruntime baseline (default: the one it was built from).")
 @click.option("--runs", default=10, show_default=True, type=int, help="Measured calls per sample.")
+@click.option("--min-seconds", default=0.0, show_default=True, type=float,
+              help="Repeat passes of --runs calls per sample until each system has run this "
+                   "long (like trtexec --duration); 0: one pass.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Unmeasured calls per sample.")
 @click.option("--threads", default=2, show_default=True, type=int, help="Threads for both runtimes.")
 @click.option("--target", default=None, help="Bench this target's library (default: this host's).")
@@ -433,12 +436,12 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
               help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
 @_require_signature_opt
 @_out_opt("Where to write the result (JSON).")
-def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int, warmup: int,
-              threads: int, target: str | None, baselines: str, public_key: Path | None,
+def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int,
+              min_seconds: float, warmup: int, threads: int, target: str | None, baselines: str, public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
     from edgec.driver import benchmark
-    from edgec.stages.bench import BenchSettings
+    from edgec.stages.bench import BenchSettings, summary_line
     from edgec.core.model import load_model
     from edgec.runtime.artifact import Artifact
     from edgec.core.samples import load_samples
@@ -451,16 +454,12 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
         model_path = Path(source)
     # Named as the artifact names it (`--name` at build), so its measurements are recorded so too.
     loaded = load_model(model_path, built_from["name"])
-    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
+    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads, min_seconds=min_seconds)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     result = benchmark(artifact, loaded, load_samples(samples_path, loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
-    click.echo(
-        f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
-        f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
-        f"max abs diff {result['accuracy']['max_abs']:.3g}"
-    )
+    click.echo(summary_line(result))
 
 
 @cli.command("report")
