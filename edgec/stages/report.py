@@ -111,7 +111,7 @@ def _shown(stats: dict[str, Any], key: str) -> float | None:
 
 def _percentile_note(calls: int) -> str:
     return (f"Percentiles need enough calls: p90 is shown from {MIN_CALLS['p90_ms']} calls, p99 "
-            f"from {MIN_CALLS['p99_ms']} (this run: {calls} per system); bench with more "
+            f"from {MIN_CALLS['p99_ms']} (this run: {calls} calls of edgec); bench with more "
             f"--runs or --min-seconds for tails.")
 
 
@@ -369,10 +369,13 @@ def _overall_chart(result: BenchResult) -> str:
 
 @_styled
 def _shape_chart(result: BenchResult) -> str:
-    """Per-shape bars; each shape's label says, in its colour, which edgec function ran it."""
+    """Per-shape bars; each shape's label says, in its colour, which edgec function ran it; ""
+    for a single shape, which the chart of every call shows already."""
     frame = shape_frame(result)
     systems = _systems(result)
     shapes = list(dict.fromkeys(frame["shape"]))
+    if len(shapes) < 2:
+        return ""
     served = frame.drop_duplicates("shape").set_index("shape")["served"]
     stats = [{row["system"]: row for row in frame[frame["shape"] == shape].to_dict("records")}
              for shape in shapes]
@@ -468,7 +471,8 @@ def _svg_split(result: BenchResult) -> str:
                          f'{html.escape(text[:40])}</text>')
     for number, mode in enumerate(modes):
         x = 10 + 130 * number
-        parts.append(f'<rect x="{x}" y="{box_h + 30}" width="14" height="14" fill="{SERVED_COLOURS[mode]}"/>'
+        parts.append(f'<rect x="{x}" y="{box_h + 30}" width="14" height="14" '
+                     f'fill="{SERVED_COLOURS[mode]}"/>'
                      f'<text x="{x + 20}" y="{box_h + 42}" font-size="12">{mode}</text>')
     parts.append("</svg>")
     return "".join(parts)
@@ -595,7 +599,8 @@ def compare(results: list[BenchResult], baseline: list[dict[str, Any]], max_regr
                          "change": f"{(now - before) / before:+.1%}" if before else None,
                          "verdict": "REGRESSED" if regressed else "ok"})
             if regressed:
-                regressions.append(f"{row['model']}/{row['target']} {metric} {_fmt(before)} -> {_fmt(now)}")
+                regressions.append(f"{row['model']}/{row['target']} {metric} {_fmt(before)} -> "
+                                   f"{_fmt(now)}")
     table = pd.DataFrame(rows, columns=["model", "target", "metric", "baseline", "now", "change",
                                         "verdict"])
     return "\n".join(_markdown_table(table)) + "\n", regressions

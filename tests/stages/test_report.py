@@ -13,8 +13,8 @@ from edgec.stages.bench import BenchResult, BenchSettings, bench
 from edgec.cli import main
 from edgec.core.model import from_proto
 from edgec.stages.report import (SERVED_COLOURS, SYSTEM_COLOURS, BaselineMismatchError,
-                                 RegressionError, _dim_chart, compare, parse_margin, report,
-                                 served_by, shape_frame, summary_row)
+                                 RegressionError, _dim_chart, _shape_chart, compare, parse_margin,
+                                 report, served_by, shape_frame, summary_row)
 from edgec.core.samples import Sample
 
 
@@ -94,6 +94,8 @@ def test_each_shape_says_which_function_ran_it(result):
     static = _with(result, plan={"regions": [{"name": "main", "mode": "static",
                                               "specializations": []}]})
     assert served_by(static, "static") == "static"
+    assert _shape_chart(_with(result, per_shape=result["per_shape"][:1])) == "", \
+        "one shape: the chart of every call says it all"
 
 
 def test_latency_against_a_dim_keeps_batch_sizes_apart(result):
