@@ -164,6 +164,14 @@ def _dump_ir_opt(func):
                              "(NN_<phase>.py, TVMScript).")(func)
 
 
+def _name_opt(func):
+    return click.option("--name", "model_name", default=None,
+                        help="The model's name in the manifest, bench results and reports "
+                             "(`report --compare` matches rows by it; default: the ONNX graph's "
+                             "name, or the file's when the graph has an exporter's default "
+                             "name).")(func)
+
+
 def _sign_opt(func):
     return click.option("--sign", "sign_key", type=click.Path(path_type=Path), default=None,
                         help="Sign the artifact with this Ed25519 private key (see `edgec keygen`).")(func)
@@ -369,11 +377,12 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
               help="Decisions from `edgec quantize` (the manifest then records their simulated "
                    "accuracy; `edgec compile --quantize` also measures the artifact).")
 @_dump_ir_opt
+@_name_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
-              quantization_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
-              output: Path) -> None:
+              quantization_path: Path | None, dump_ir: Path | None, model_name: str | None,
+              sign_key: Path | None, output: Path) -> None:
     """Compile MODEL as the plan says into a single-file artifact."""
     from edgec.stages.build import build
     from edgec.core.model import load_model
@@ -383,7 +392,7 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
     sign = _signer(sign_key)
     target_list, chosen = _targets_or_default(targets)
     quantization = Quantization.load(quantization_path) if quantization_path else None
-    artifact = build(load_model(model), Plan.load(plan_path), target_list, targets_chosen=chosen,
+    artifact = build(load_model(model, model_name), Plan.load(plan_path), target_list, targets_chosen=chosen,
                      quantization=quantization, dump_ir=dump_ir)
     sign(artifact).save(output)
     click.echo(f"wrote {output} ({output.stat().st_size} bytes)")
@@ -399,14 +408,15 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
               help="Also write profile.json, plan.json (and quantization.json) into this folder.")
 @_quantize_opts
 @_dump_ir_opt
+@_name_opt
 @_sign_opt
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, max_artifact_mb: float,
                 compile_budget_s: float, save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
-                held_out_path: Path | None, dump_ir: Path | None, sign_key: Path | None,
-                output: Path) -> None:
+                held_out_path: Path | None, dump_ir: Path | None, model_name: str | None,
+                sign_key: Path | None, output: Path) -> None:
     """Profile, plan, quantize and build in one go."""
     from edgec.core.model import load_model
     from edgec.core.samples import load_samples
@@ -417,7 +427,7 @@ def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], p
     from edgec.core.targets import load_target
 
     sign = _signer(sign_key)
-    loaded = load_model(model)
+    loaded = load_model(model, model_name)
     target_list = [load_target(t) for t in targets]
     if not target_list:
         _say_default(default_targets()[0][0])
@@ -519,6 +529,9 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
 @click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
               help="The ONNX model for the onnxruntime baseline (default: the one it was built from).")
 @click.option("--runs", default=10, show_default=True, type=int, help="Measured calls per sample.")
+@click.option("--min-seconds", default=0.0, show_default=True, type=float,
+              help="Repeat passes of --runs calls per sample until each system has run this "
+                   "long (like trtexec --duration); 0: one pass.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Unmeasured calls per sample.")
 @click.option("--threads", default=2, show_default=True, type=int, help="Threads for both runtimes.")
 @click.option("--target", default=None, help="Bench this target's library (default: this host's).")
@@ -526,31 +539,30 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
               help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
 @_require_signature_opt
 @_out_opt("Where to write the result (JSON).")
-def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, runs: int, warmup: int,
-              threads: int, target: str | None, baselines: str, public_key: Path | None,
+def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, runs: int,
+              min_seconds: float, warmup: int, threads: int, target: str | None, baselines: str,
+              public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime in the same run."""
     from edgec.driver import benchmark
-    from edgec.stages.bench import BenchSettings
+    from edgec.stages.bench import BenchSettings, summary_line
     from edgec.core.model import load_model
     from edgec.runtime.artifact import Artifact
 
+    built_from = Artifact.load(artifact).manifest["model"]
     if model_path is None:
-        source = Artifact.load(artifact).manifest["model"].get("source", "")
+        source = built_from.get("source", "")
         if not source or not Path(source).is_file():
             raise EdgecError(f"the model '{artifact}' was built from is not at '{source}'; pass --model")
         model_path = Path(source)
-    loaded = load_model(model_path)
-    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads)
+    # Named as the artifact names it (`--name` at build), so its measurements are recorded so too.
+    loaded = load_model(model_path, built_from["name"])
+    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads, min_seconds=min_seconds)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     result = benchmark(artifact, loaded, samples.read(loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
-    click.echo(
-        f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
-        f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
-        f"max abs diff {result['accuracy']['max_abs']:.3g}"
-    )
+    click.echo(summary_line(result))
 
 
 @cli.command("report")

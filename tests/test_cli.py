@@ -1,5 +1,6 @@
 """The CLI contract: command names, outputs, and one-line errors with no partial files."""
 
+import json
 import subprocess
 import sys
 
@@ -25,12 +26,13 @@ def test_stage_by_stage_matches_compile(mlp_dir, tmp_path, capsys):
     assert main(["plan", str(model), "--profile", str(tmp_path / "p.json"), "--target", "x86_64",
                  "-o", str(tmp_path / "plan.json")]) == 0
     assert main(["build", str(model), "--plan", str(tmp_path / "plan.json"), "--target", "x86_64",
-                 "-o", str(tmp_path / "a.edgec")]) == 0
+                 "--name", "tagger", "-o", str(tmp_path / "a.edgec")]) == 0
     assert main(["compile", str(model), "--samples", str(samples), "--target", "x86_64",
                  "--save-stages", str(tmp_path / "stages"), "-o", str(tmp_path / "b.edgec")]) == 0
     assert (tmp_path / "stages" / "plan.json").is_file()
     staged, chained = (Artifact.load(tmp_path / n).manifest for n in ("a.edgec", "b.edgec"))
     assert staged["plan"] == chained["plan"]
+    assert (staged["model"]["name"], chained["model"]["name"]) == ("tagger", "mlp")  # --name; graph's
     assert staged["libraries"]["x86_64"]["functions"] == chained["libraries"]["x86_64"]["functions"]
 
     assert main(["run", str(tmp_path / "a.edgec"), "--inputs", str(samples / "sample_009.npz"),
@@ -45,6 +47,7 @@ def test_stage_by_stage_matches_compile(mlp_dir, tmp_path, capsys):
 
     assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples), "--runs", "2",
                  "-o", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["model"] == "tagger"
     assert main(["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.md").read_text().startswith("# edgec benchmark report")
 

@@ -134,6 +134,18 @@ def test_the_runtime_imports_nothing_of_the_compiler():
             assert all(layer_of(t) == 0 for t in targets), (module, targets)
 
 
+def test_the_runtime_needs_neither_pandas_nor_matplotlib():
+    """What a device installs (the runtime wheel) declares numpy and tvm_ffi only: the table and
+    plotting libraries the bench and report stages use stay on the compiler's side."""
+    runtime_files = [*PACKAGE.glob("runtime/**/*.py"), PACKAGE / "errors.py", PACKAGE / "fileio.py",
+                     PACKAGE / "signing.py"]
+    for path in runtime_files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] in ("pandas", "matplotlib") for n in names), path
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
     # The rule is not vacuous: a stage importing a later one is caught.
     assert layer_of("edgec.stages.plan") < layer_of("edgec.stages.build")

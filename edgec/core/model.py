@@ -8,6 +8,7 @@ listed as inputs. Stages never change it; they derive new protos from copies. A 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,12 +286,27 @@ def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> M
     return Model(proto, name, sha256, inputs, outputs, opset, control_flow, path)
 
 
-def load_model(path: str | Path) -> Model:
+# Graph names exporters write whatever the model is: naming a model after them would give every
+# model of a report the same name.
+_EXPORTER_GRAPH_NAMES = frozenset({"", "main_graph", "torch_jit", "torch-jit-export", "tf2onnx",
+                                   "graph", "model", "Graph", "Model", "onnx_graph"})
+
+
+def model_name(proto: onnx.ModelProto, path: Path) -> str:
+    """What to call a model loaded from ``path``: its graph's name, which travels with the file,
+    unless that is an exporter's default (``main_graph``, ``torch_jit``, ...); then the file's
+    stem, or the folder's name for the zoo's ``DIR/model.onnx`` layout."""
+    if proto.graph.name.strip() not in _EXPORTER_GRAPH_NAMES:
+        return proto.graph.name.strip()
+    return path.parent.name if path.name == "model.onnx" and path.parent.name else path.stem
+
+
+def load_model(path: str | Path, name: str | None = None) -> Model:
     """Load an ONNX model file, with one-line errors for a missing, unreadable or invalid model.
 
-    External data next to the model is loaded too. The model's name is its file's stem, or the
-    folder's name for the zoo's ``DIR/model.onnx`` layout. A ``.pt2`` file (``torch.export.save``)
-    loads as a PyTorch program.
+    External data next to the model is loaded too. The model is called ``name`` if given, else as
+    :func:`model_name` says (reports and ``report --compare`` match results by this name). A
+    ``.pt2`` file (``torch.export.save``) loads as a PyTorch program.
     """
     path = Path(path)
     if not path.exists():
@@ -298,7 +314,8 @@ def load_model(path: str | Path) -> Model:
     if path.suffix == ".pt2" and path.is_file():
         from edgec.core.torch_program import load_program  # torch is an optional extra
 
-        return load_program(path)
+        program = load_program(path)
+        return dataclasses.replace(program, name=name) if name else program
     if path.is_dir():
         if (path / "model.onnx").is_file():
             path = path / "model.onnx"
@@ -310,8 +327,7 @@ def load_model(path: str | Path) -> Model:
         raise ModelError(f"'{path}' is not an ONNX model ({type(exc).__name__}); pass an .onnx file") from None
     if not proto.HasField("graph"):
         raise ModelError(f"'{path}' is not an ONNX model (no graph); pass an .onnx file")
-    name = path.parent.name if path.name == "model.onnx" and path.parent.name else path.stem
-    return from_proto(proto, name, str(path.resolve()))
+    return from_proto(proto, name or model_name(proto, path), str(path.resolve()))
 
 
 def expose_activations(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 
 from edgec import runtime
 from edgec.core import remote
@@ -42,27 +43,49 @@ BENCH_VERSION = 1
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How many calls to make per sample, and with how many threads."""
+    """How many calls to make per sample, for how long at least, and with how many threads.
+
+    Each system makes ``runs`` measured calls per sample; with ``min_seconds``, it repeats such
+    passes over the samples until that much time has passed (as trtexec's ``--duration``), so a
+    fast model gets enough calls for its tail percentiles.
+    """
 
     runs: int = 10
     warmup: int = 2
     threads: int = 2
+    min_seconds: float = 0.0
 
     def check(self) -> None:
-        if self.runs < 1 or self.warmup < 0 or self.threads < 1:
-            raise EdgecError("--runs and --threads must be at least 1, --warmup at least 0")
+        if self.runs < 1 or self.warmup < 0 or self.threads < 1 or not self.min_seconds >= 0:
+            raise EdgecError("--runs and --threads must be at least 1, --warmup and --min-seconds "
+                             "at least 0")
+
+
+_PERCENTILES = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99}
+
+
+def _stats_table(frame: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
+    """Latency statistics of ``frame``'s ``ms`` column per group of ``by`` (groups in the order
+    they first appear): percentiles (linear interpolation, as numpy's), mean, population std,
+    min and max, rounded to 0.1 us, and the number of calls."""
+    groups = frame.groupby(by, sort=False)["ms"]
+    table = pd.concat({name: groups.quantile(q) for name, q in _PERCENTILES.items()}, axis=1)
+    table["mean_ms"], table["std_ms"] = groups.mean(), groups.std(ddof=0)
+    table["min_ms"], table["max_ms"] = groups.min(), groups.max()
+    table = table.round(4)
+    table["runs"] = groups.size()
+    return table
+
+
+def _stats_dict(row: pd.Series) -> dict[str, float]:
+    """One row of :func:`_stats_table` as the plain JSON values a bench result holds."""
+    return {key: int(value) if key == "runs" else float(value) for key, value in row.items()}
 
 
 def latency_stats(samples_ms: list[float]) -> dict[str, float]:
     """Percentiles and moments of a list of latencies in milliseconds."""
-    values = np.asarray(samples_ms, dtype=np.float64)
-    pct = np.percentile(values, [50, 90, 99])
-    return {
-        "p50_ms": round(float(pct[0]), 4), "p90_ms": round(float(pct[1]), 4),
-        "p99_ms": round(float(pct[2]), 4), "mean_ms": round(float(values.mean()), 4),
-        "std_ms": round(float(values.std()), 4), "min_ms": round(float(values.min()), 4),
-        "max_ms": round(float(values.max()), 4), "runs": int(values.size),
-    }
+    frame = pd.DataFrame({"ms": np.asarray(samples_ms, dtype=np.float64), "all": 0})
+    return _stats_dict(_stats_table(frame, "all").iloc[0])
 
 
 def compare_outputs(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> dict[str, float]:
@@ -207,18 +230,23 @@ class _Progress:
 
 def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings: BenchSettings,
              progress: _Progress, name: str) -> tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]:
-    """Latency per call grouped by shape, and the outputs of the last call on each sample."""
+    """Latency per call grouped by shape, and the outputs of the first pass's last call on each
+    sample. Passes over the samples repeat until ``settings.min_seconds`` have passed."""
     per_shape: dict[str, list[float]] = defaultdict(list)
     outputs = []
-    for sample, shape in zip(samples, shapes):
-        for _ in range(settings.warmup):
-            call(sample.arrays)
-        for _ in range(settings.runs):
-            start = time.perf_counter()
-            out = call(sample.arrays)
-            per_shape[shape].append((time.perf_counter() - start) * 1e3)
-        outputs.append({k: np.array(v) for k, v in out.items()})
-        progress.step(f"{name} {sample.name}")
+    began = time.perf_counter()
+    while not outputs or time.perf_counter() - began < settings.min_seconds:
+        first = not outputs
+        for sample, shape in zip(samples, shapes):
+            for _ in range(settings.warmup if first else 0):
+                call(sample.arrays)
+            for _ in range(settings.runs):
+                start = time.perf_counter()
+                out = call(sample.arrays)
+                per_shape[shape].append((time.perf_counter() - start) * 1e3)
+            if first:
+                outputs.append({k: np.array(v) for k, v in out.items()})
+                progress.step(f"{name} {sample.name}")
     return per_shape, outputs
 
 
@@ -379,11 +407,14 @@ def bench(
         "top1_agreement": top1_agreement(measured["edgec"][1], reference_outputs),
         "per_sample": [{"sample": s.name, **r} for s, r in zip(samples, rows)],
     }
-    summary = {name: latency_stats([t for ts in per_shape.values() for t in ts])
-               for name, (per_shape, _) in measured.items()}
+    calls = pd.DataFrame([(system, shape, ms) for system, (per_shape, _) in measured.items()
+                          for shape, times in per_shape.items() for ms in times],
+                         columns=["system", "shape", "ms"])
+    summary = {system: _stats_dict(row) for system, row in _stats_table(calls, "system").iterrows()}
+    by_shape = _stats_table(calls, ["shape", "system"])
     per_shape_rows = []
     for shape in dict.fromkeys(shapes):
-        stats = {name: latency_stats(per_shape[shape]) for name, (per_shape, _) in measured.items()}
+        stats = {name: _stats_dict(by_shape.loc[(shape, name)]) for name in measured}
         per_shape_rows.append({
             "shape": shape, "samples": shapes.count(shape), **stats,
             "ratio_p50": _ratio(stats["edgec"], stats["onnxruntime"]),
@@ -419,6 +450,24 @@ def bench(
         "git_commit": git_commit(),
     }
     return BenchResult(data)
+
+
+def summary_line(result: BenchResult) -> str:
+    """One line for the terminal: edgec's p50 and each baseline's with edgec's ratio to it, the
+    largest difference from onnxruntime, and what the timings hold where they are not plain
+    wall clock on this machine (an RPC round trip, qemu)."""
+    parts = [f"edgec p50 {result['edgec']['p50_ms']:.3f} ms"]
+    for name, stats in result["baselines"].items():
+        ratio = "n/a" if stats["ratio_p50"] is None else f"{stats['ratio_p50']:.3f}"
+        parts.append(f"{name} {stats['p50_ms']:.3f} ms (edgec/{name} {ratio})")
+    line = "; ".join(parts) + f"; max abs diff {result['accuracy']['max_abs']:.3g}"
+    mode = result.data.get("run", {}).get("mode", "local")
+    if mode == "rpc":
+        line += ("; edgec's times and ratios include the RPC network round trip and the transfer "
+                 "of inputs and outputs")
+    elif mode == "qemu":
+        line += "; edgec's times are not meaningful (qemu emulation), its outputs are"
+    return line
 
 
 def _ratio(edgec: dict[str, float], other: dict[str, float]) -> float | None:

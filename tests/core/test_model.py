@@ -11,18 +11,29 @@ def test_load_model_reads_inputs_outputs_and_dynamic_dims(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(mlp_model(), str(path))
     model = load_model(path)
-    assert model.name == "m"
+    assert model.name == "mlp", "named after its graph, which travels with the file"
     assert [(s.name, s.dtype, s.dims) for s in model.inputs] == [("x", "float32", ("batch", "seq", 16))]
     assert [s.name for s in model.outputs] == ["y"]
     assert model.dynamic_dims == ["batch", "seq"]
     assert len(model.sha256) == 64
 
 
-def test_zoo_layout_folder_is_accepted_and_named_after_the_folder(tmp_path):
-    folder = tmp_path / "transformer"
+def test_zoo_layout_folder_is_accepted_and_a_renamed_folder_keeps_the_graph_name(tmp_path):
+    folder = tmp_path / "renamed"
     folder.mkdir()
     onnx.save(mlp_model(), str(folder / "model.onnx"))
-    assert load_model(folder).name == "transformer"
+    assert load_model(folder).name == "mlp"
+    assert load_model(folder, name="tagger").name == "tagger"
+
+
+def test_an_exporters_default_graph_name_gives_way_to_the_file_name(tmp_path):
+    proto = mlp_model()
+    proto.graph.name = "main_graph"  # what torch.onnx writes for every model
+    onnx.save(proto, str(tmp_path / "resnet.onnx"))
+    assert load_model(tmp_path / "resnet.onnx").name == "resnet"
+    (tmp_path / "tf").mkdir()
+    onnx.save(proto, str(tmp_path / "tf" / "model.onnx"))
+    assert load_model(tmp_path / "tf").name == "tf"
 
 
 def test_missing_file_and_garbage_give_one_line_errors(tmp_path):

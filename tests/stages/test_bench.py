@@ -1,10 +1,13 @@
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
-from edgec.stages.bench import BenchResult, BenchSettings, bench, compare_outputs, latency_stats
+from edgec.stages import bench as bench_module
+from edgec.stages.bench import (BenchResult, BenchSettings, bench, compare_outputs, latency_stats,
+                                summary_line, time_calls)
 from edgec.errors import EdgecError, StageInputError
 from edgec.core.model import from_proto
 from edgec.stages.report import report
@@ -15,6 +18,37 @@ def test_latency_stats_are_percentiles():
     stats = latency_stats(list(range(1, 101)))
     assert stats["p50_ms"] == 50.5 and stats["p90_ms"] == pytest.approx(90.1)
     assert stats["min_ms"] == 1 and stats["max_ms"] == 100 and stats["runs"] == 100
+
+
+def test_min_seconds_repeats_whole_passes_until_the_time_has_passed(monkeypatch):
+    """A clock that each call moves by 0.25 s: two samples, one run each, is 0.5 s a pass, so
+    --min-seconds 1 takes two passes (4 calls) and --min-seconds 0 one."""
+    now = [0.0]
+    monkeypatch.setattr(bench_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def call(arrays):
+        now[0] += 0.25
+        return {"y": np.zeros(1, np.float32)}
+
+    model = from_proto(mlp_model(), "mlp")
+    samples = [Sample(f"s{i}", a) for i, a in enumerate(mlp_samples([(1, 2), (2, 3)]))]
+    stats, outputs = time_calls(call, model, samples, BenchSettings(runs=1, warmup=0, min_seconds=1.0), "x")
+    assert stats["runs"] == 4 and stats["p50_ms"] == 250.0 and len(outputs) == 2
+    assert time_calls(call, model, samples, BenchSettings(runs=1, warmup=0), "x")[0]["runs"] == 2
+    with pytest.raises(EdgecError, match="--min-seconds"):
+        BenchSettings(min_seconds=-1).check()
+
+
+def test_summary_line_names_every_baseline_and_what_rpc_times_include():
+    stats = {"p50_ms": 2.0}
+    data = {"edgec": {"p50_ms": 1.0}, "accuracy": {"max_abs": 1e-6}, "run": {"mode": "local"},
+            "baselines": {name: {**stats, "ratio_p50": 0.5}
+                          for name in ("onnxruntime", "onnxruntime-1t", "tvm-plain")}}
+    line = summary_line(BenchResult(data))
+    assert "tvm-plain 2.000 ms (edgec/tvm-plain 0.500)" in line and "round trip" not in line
+    assert "onnxruntime-1t 2.000 ms (edgec/onnxruntime-1t 0.500)" in line
+    rpc = summary_line(BenchResult({**data, "run": {"mode": "rpc"}}))
+    assert "include the RPC network round trip" in rpc and len(rpc.splitlines()) == 1
 
 
 def test_compare_outputs_measures_abs_rel_and_cosine():
