@@ -60,9 +60,10 @@ std::string Quote(const std::string& s) { return "'" + s + "'"; }
 // ---------------------------------------------------------------------------------------------
 // Inflate and CRC-32 (zlib), SHA-256 and Ed25519 (libcrypto).
 
-// Zip's method 8, raw deflate, into at most `limit` bytes (the size the zip declares). The
-// output grows with what actually inflates, so a forged size reserves nothing. Errors read as
-// Python's zlib.error does ("Error -3 while decompressing data: ...").
+// Zip's method 8, raw deflate, as Python's zipfile reads it: at most `limit` bytes (the size the
+// zip declares; what follows is not read), or fewer when the stream or its input ends early (the
+// CRC check then refuses them). The output grows with what inflates, so a forged size reserves
+// nothing. Invalid data raises Python's zlib.error message ("Error -3 while decompressing ...").
 std::vector<uint8_t> Inflate(const uint8_t* in, size_t size, size_t limit) {
   z_stream stream{};
   if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw std::bad_alloc();
@@ -73,26 +74,22 @@ std::vector<uint8_t> Inflate(const uint8_t* in, size_t size, size_t limit) {
   std::vector<uint8_t> out;
   stream.next_in = const_cast<Bytef*>(in);
   stream.avail_in = static_cast<uInt>(size);  // a zip member's size is 32 bits
-  for (;;) {
-    size_t have = out.size();
-    // One byte past the limit, so that a stream longer than declared shows.
-    size_t room = std::min<size_t>(limit - have + 1, size_t(1) << 20);
+  while (out.size() < limit) {
+    const size_t have = out.size(), room = std::min<size_t>(limit - have, size_t(1) << 20);
     out.resize(have + room);
     stream.next_out = out.data() + have;
     stream.avail_out = static_cast<uInt>(room);
-    int status = inflate(&stream, Z_NO_FLUSH);
+    const int status = inflate(&stream, Z_NO_FLUSH);
     out.resize(have + room - stream.avail_out);
-    if (out.size() > limit) throw std::runtime_error("deflate data longer than declared");
-    if (status == Z_STREAM_END) return out;
+    if (status == Z_STREAM_END || status == Z_BUF_ERROR) break;  // ended, or its input did
     if (status == Z_MEM_ERROR) throw std::bad_alloc();
-    if (status == Z_BUF_ERROR || (status == Z_OK && stream.avail_in == 0 && stream.avail_out)) {
-      throw std::runtime_error("Error -5 while decompressing data: incomplete or truncated stream");
-    }
     if (status != Z_OK) {
       throw std::runtime_error("Error " + std::to_string(status) + " while decompressing data: " +
                                (stream.msg ? stream.msg : "invalid data"));
     }
+    if (stream.avail_in == 0 && stream.avail_out != 0) break;
   }
+  return out;
 }
 
 uint32_t Crc32(const uint8_t* data, size_t size) {
@@ -307,34 +304,41 @@ std::vector<CentralEntry> ReadCentralDirectory(const std::vector<uint8_t>& zip,
   return entries;
 }
 
+// A member's bytes, checked and read as Python's zipfile does (same messages): reads that run past
+// the end of the archive come back short, and the CRC check refuses what they lack.
 std::vector<uint8_t> ReadMemberData(const std::vector<uint8_t>& zip, const CentralEntry& e) {
-  if (e.flags & 1) throw std::runtime_error("member '" + e.name + "' is encrypted");
   // 64-bit sums of 32-bit fields: no offset below can wrap.
-  const uint64_t p = e.offset;
-  // The local header's checks and messages are Python zipfile's.
-  if (p + 30 > zip.size()) throw std::runtime_error("Truncated file header");
+  const uint64_t size = zip.size(), p = e.offset;
+  auto available = [&](uint64_t at, uint64_t length) {
+    return at >= size ? 0 : static_cast<size_t>(std::min(length, size - at));
+  };
+  if (p + 30 > size) throw std::runtime_error("Truncated file header");
   if (Le32(&zip[p]) != 0x04034b50u) throw std::runtime_error("Bad magic number for file header");
   const uint64_t name_at = p + 30, name_len = Le16(&zip[p + 26]);
   const uint64_t start = name_at + name_len + Le16(&zip[p + 28]);
-  if (start + e.compressed > zip.size()) throw std::runtime_error("'" + e.name + "' is truncated");
-  if (std::string(reinterpret_cast<const char*>(&zip[name_at]), name_len) != e.raw_name) {
+  if (std::string(reinterpret_cast<const char*>(zip.data()) + name_at,
+                  available(name_at, name_len)) != e.raw_name) {
     throw std::runtime_error("File name in directory " + Quote(e.raw_name) +
                              " and header differ.");
   }
+  if (e.flags & 1) {
+    throw std::runtime_error("File " + Quote(e.name) +
+                             " is encrypted, password required for extraction");
+  }
+  const uint8_t* in = zip.data() + std::min(start, size);
+  const size_t compressed = available(start, e.compressed);
   std::vector<uint8_t> data;
   if (e.method == 0) {
-    if (e.compressed != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
-    data.assign(zip.begin() + start, zip.begin() + start + e.compressed);
+    data.assign(in, in + std::min<size_t>(compressed, e.uncompressed));
   } else if (e.method == 8) {
-    data = Inflate(zip.data() + start, e.compressed, e.uncompressed);
-    if (data.size() != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
+    data = Inflate(in, compressed, e.uncompressed);
   } else {
-    throw std::runtime_error("compression method " + std::to_string(e.method) + " of '" + e.name +
-                             "' is not supported");
+    throw std::runtime_error("That compression method is not supported");
   }
   if (Crc32(data.data(), data.size()) != e.crc) {
     throw std::runtime_error("Bad CRC-32 for file '" + e.name + "'");
   }
+  if (data.size() != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
   return data;
 }
 
