@@ -2,16 +2,18 @@
 # Install the Debian packages edgec needs (Debian 12, as root); idempotent and quiet.
 # Usage: scripts/install-system-deps.sh [GROUP...]   (default: build)
 #   build    g++ (links model libraries, builds edgec/native/), libdnnl-dev (oneDNN: convolutions
-#            and matmuls on x86 targets with [libraries] dnnl = true; devices then need libdnnl2)
+#            and matmuls on x86 targets with [libraries] dnnl = true; devices then need libdnnl2),
+#            zlib1g-dev + libssl-dev (the C++ host: inflate and CRC-32, SHA-256 and Ed25519)
 #   cross    make, g++-aarch64-linux-gnu + libc6-dev-arm64-cross (aarch64 libraries and C++ host),
 #            libxnnpack-dev:arm64 + libpthreadpool-dev:arm64 (XNNPACK: convolutions and matmuls
-#            on the arm64 targets; adds the arm64 architecture to dpkg), qemu-user (runs them
-#            here), python3-venv (the runtime-only wheel's test venv)
+#            on the arm64 targets; adds the arm64 architecture to dpkg), zlib1g-dev:arm64 +
+#            libssl-dev:arm64 (the aarch64 C++ host), qemu-user (runs them here), python3-venv
+#            (the runtime-only wheel's test venv)
 #   report   chromium (the HTML report's screenshot test)
 set -euo pipefail
 declare -A groups=(
-    [build]="g++ libdnnl-dev"
-    [cross]="make g++-aarch64-linux-gnu libc6-dev-arm64-cross libxnnpack-dev:arm64 libpthreadpool-dev:arm64 qemu-user python3-venv"
+    [build]="g++ libdnnl-dev zlib1g-dev libssl-dev"
+    [cross]="make g++-aarch64-linux-gnu libc6-dev-arm64-cross libxnnpack-dev:arm64 libpthreadpool-dev:arm64 zlib1g-dev:arm64 libssl-dev:arm64 qemu-user python3-venv"
     [report]="chromium"
 )
 packages=()

@@ -17,12 +17,14 @@ Each test checks how many cases it ran, so a change that makes hypothesis skip c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -36,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_CASES = 300
 ARTIFACT_CASES = 400
 INPUT_CASES = 300
+HOST_CASES = 200  # each a process of the C++ host
 
 
 def _fuzz_settings(examples: int):
@@ -199,3 +202,81 @@ def test_random_inputs_give_a_result_or_samples_error(mlp_artifact):
     print(f"input arrays fuzz: {outcomes}")
     assert outcomes["ran"] + outcomes["refused"] >= INPUT_CASES * 0.9, outcomes
     assert min(outcomes.values()) > 0, outcomes
+
+
+def _drawn_mutants(original: bytes, cases: int) -> list[bytes]:
+    """``cases`` mutants of ``original`` from ``mutated`` (derandomized: the same every run)."""
+    drawn: list[bytes] = []
+
+    @_fuzz_settings(cases)
+    @given(mutated(original))
+    def collect(data: bytes) -> None:
+        drawn.append(data)
+
+    collect()
+    return drawn
+
+
+def _host_reads_mutants_like_python(host: Path, original: bytes, directory: Path) -> dict:
+    """Feed HOST_CASES mutants of ``original`` to ``host --info`` (reads and verifies every
+    member, loads nothing). Each must give what the Python reader gives: accepted (exit 0), or
+    refused with ArtifactError's exit code and the same one-line message; never a signal or a
+    sanitizer report. Returns how many were accepted and refused."""
+    mutants = _drawn_mutants(original, HOST_CASES)
+    assert len(mutants) >= HOST_CASES * 0.9, len(mutants)
+    # ASan: TVM's libraries keep global state to the end of the process; leaks are not the point.
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+    outcomes = {"accepted": 0, "refused": 0}
+    for index, data in enumerate(mutants):
+        path = directory / f"mutant_{index}.edgec"
+        path.write_bytes(data)
+        try:
+            Artifact.from_bytes(data, str(path))
+            python_error = None
+        except ArtifactError as exc:
+            python_error = str(exc)
+        result = subprocess.run([str(host), str(path), "--info"], capture_output=True, text=True,
+                                env=env, timeout=60)
+        label = f"mutant {index} ({path}): exit {result.returncode}, {result.stderr[-3000:]!r}"
+        assert "Sanitizer" not in result.stderr and "runtime error:" not in result.stderr, label
+        if python_error is None:
+            assert result.returncode == 0, f"Python accepts, the host refuses: {label}"
+            outcomes["accepted"] += 1
+            continue
+        assert (result.returncode, result.stderr) == (
+            ArtifactError.exit_code, f"edgec_run: error: {python_error}\n"), label
+        outcomes["refused"] += 1
+    print(f"C++ host artifact fuzz: {outcomes}")
+    return outcomes
+
+
+def _cpp_host_or_skip() -> Path:
+    from runtime.test_cpp_host import build_host, missing_tools
+
+    if missing_tools("g++", "make"):
+        pytest.skip("needs g++ and make (scripts/install-system-deps.sh cross)")
+    return build_host()
+
+
+def test_cpp_host_refuses_mutated_artifacts_like_the_python_reader(mlp_artifact, tmp_path):
+    outcomes = _host_reads_mutants_like_python(_cpp_host_or_skip(), mlp_artifact.read_bytes(),
+                                               tmp_path)
+    assert outcomes["refused"] > 0
+
+
+@pytest.mark.slow  # builds the host with sanitizers: about a minute of g++
+def test_sanitized_cpp_host_refuses_mutated_artifacts_like_the_python_reader(mlp_artifact, tmp_path):
+    """The same mutants through the host built with AddressSanitizer and UBSan, which turn an
+    out-of-bounds read or undefined behaviour in the reader into a report and a failed run."""
+    from runtime.test_cpp_host import CPP_DIR
+
+    _cpp_host_or_skip()
+    build = tmp_path / "asan"
+    subprocess.run(["make", "-s", "-C", str(CPP_DIR), f"BUILD_DIR={build}",
+                    f"PYTHON={sys.executable}", "SANITIZE=address,undefined"],
+                   check=True, capture_output=True)
+    (tmp_path / "mutants").mkdir()
+    outcomes = _host_reads_mutants_like_python(build / "edgec_run", mlp_artifact.read_bytes(),
+                                               tmp_path / "mutants")
+    assert outcomes["refused"] > 0

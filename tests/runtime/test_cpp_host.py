@@ -480,3 +480,120 @@ def test_sequence_artifact_is_refused_in_one_line(host, tmp_path):
         tmp_path / "seq.edgec")
     code, stderr = host_error(host, [str(path), "--info"])
     assert code != 0 and "sequences or optionals" in stderr and "\n" not in stderr
+
+
+@pytest.fixture(scope="module")
+def signing(artifact, tmp_path_factory):
+    """The cnn artifact signed by a builder's key, and the builder's and a stranger's keys."""
+    pytest.importorskip("cryptography")
+    from edgec.signing import generate_keypair, load_private_key, sign_artifact
+
+    folder = tmp_path_factory.mktemp("signing")
+    builder, stranger = generate_keypair(folder / "builder"), generate_keypair(folder / "stranger")
+    path, _ = artifact("cnn")
+    signed = sign_artifact(Artifact.load(path), load_private_key(builder[0]))
+    return {"unsigned": path, "signed": signed.save(folder / "signed.edgec"),
+            "builder": builder, "stranger": stranger}
+
+
+def _signed_variant(kind: str, signing: dict, directory: Path) -> Path:
+    """The signed cnn artifact after ``kind`` of tampering (test_signing.py's, and more)."""
+    import dataclasses
+
+    from edgec.signing import load_private_key, sign_artifact
+
+    original = Artifact.load(signing["signed"])
+    changed = original
+    if kind == "unsigned":
+        return signing["unsigned"]
+    if kind == "manifest modified":  # the declared inputs changed, the signature kept
+        manifest = json.loads(json.dumps(original.manifest))
+        manifest["inputs"][0]["dims"][2] = 64
+        changed = dataclasses.replace(original, manifest=manifest)
+    elif kind == "library replaced, checksum updated":  # loading it would fail: refused before
+        manifest = json.loads(json.dumps(original.manifest))
+        manifest["libraries"]["x86_64"]["sha256"] = hashlib.sha256(b"not an ELF file").hexdigest()
+        changed = dataclasses.replace(original, manifest=manifest,
+                                      files={"lib/x86_64.so": b"not an ELF file"})
+    elif kind == "library modified":  # manifest and signature kept: the checksum catches it
+        library = bytearray(original.files["lib/x86_64.so"])
+        library[100] ^= 1
+        changed = dataclasses.replace(original, files={"lib/x86_64.so": bytes(library)})
+    elif kind == "re-signed by another key":
+        changed = sign_artifact(original, load_private_key(signing["stranger"][0]))
+    else:
+        document = json.loads(original.signature)
+        signature = {
+            "garbled signature": b"{not json",
+            "signature not hex": json.dumps({**document, "signature": "zz"}).encode(),
+            "signature missing": json.dumps({"algorithm": "ed25519"}).encode(),
+            "signature a list": b"[1, 2]",
+            "another algorithm": json.dumps({**document, "algorithm": "rsa"}).encode(),
+            "signature cut short": json.dumps(
+                {**document, "signature": document["signature"][:64]}).encode(),
+        }[kind]
+        changed = dataclasses.replace(original, signature=signature)
+    return changed.save(directory / "tampered.edgec")
+
+
+SIGNATURE_TAMPERINGS = ["unsigned", "manifest modified", "library replaced, checksum updated",
+                        "library modified", "re-signed by another key", "garbled signature",
+                        "signature not hex", "signature missing", "signature a list",
+                        "another algorithm", "signature cut short"]
+
+
+@pytest.mark.parametrize("tampering", SIGNATURE_TAMPERINGS)
+def test_signature_refusals_match_the_python_runtime(host, signing, tmp_path, tampering):
+    """--require-signature refuses what `edgec run --require-signature` refuses, in its words,
+    before loading the library (with --info, and when loading to run)."""
+    bad = _signed_variant(tampering, signing, tmp_path)
+    public = signing["builder"][1]
+    with pytest.raises(ArtifactError) as python_error:
+        runtime.open_artifact(bad, require_signature=public)
+    expected = (ArtifactError.exit_code, f"edgec_run: error: {python_error.value}")
+    for extra in (["--info"], []):
+        assert host_error(host, [str(bad), "--require-signature", str(public), *extra]) == expected
+
+
+def test_signed_artifact_runs_with_the_trusted_key_in_each_form(host, signing, artifact, tmp_path):
+    """The builder's .pub (PEM), the same key as 32 raw bytes, and `openssl pkey -pubout`'s PEM
+    all verify; without --require-signature a signed artifact loads as before."""
+    from edgec.signing import load_public_key
+
+    public = signing["builder"][1]
+    raw = tmp_path / "builder.raw"
+    raw.write_bytes(load_public_key(public).public_bytes_raw())
+    keys = [public, raw]
+    if shutil.which("openssl"):
+        subprocess.run(["openssl", "pkey", "-in", str(signing["builder"][0]), "-pubout", "-out",
+                        str(tmp_path / "openssl.pub")], check=True)
+        keys.append(tmp_path / "openssl.pub")
+    for key in keys:
+        result = subprocess.run([str(host), str(signing["signed"]), "--info",
+                                 "--require-signature", str(key)], capture_output=True, text=True)
+        assert result.returncode == 0 and "runs x86_64" in result.stdout, (key, result.stderr)
+    _, samples = artifact("cnn")
+    expected = _python_outputs(signing["signed"], samples[0])
+    got = run_host(host, signing["signed"], samples[0], tmp_path / "run",
+                   extra=["--require-signature", str(public)])
+    assert_outputs_match(got, expected, TOLERANCE)
+    assert_outputs_match(run_host(host, signing["signed"], samples[0], tmp_path / "plain"),
+                         expected, TOLERANCE)
+
+
+def test_unusable_keys_are_named_like_the_python_runtime(host, signing, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ec_key = ec.generate_private_key(ec.SECP256R1()).public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    (tmp_path / "ec.pub").write_bytes(ec_key)
+    (tmp_path / "junk.pub").write_bytes(b"-----BEGIN PUBLIC KEY-----\nnope\n")
+    (tmp_path / "short.pub").write_bytes(b"31 bytes, neither raw nor PEM..")
+    for name in ("missing.pub", "ec.pub", "junk.pub", "short.pub"):
+        key = tmp_path / name
+        with pytest.raises(InputFileError) as python_error:
+            runtime.open_artifact(signing["signed"], require_signature=key)
+        assert host_error(host, [str(signing["signed"]), "--info", "--require-signature",
+                                 str(key)]) == (InputFileError.exit_code,
+                                                f"edgec_run: error: {python_error.value}")

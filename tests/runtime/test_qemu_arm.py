@@ -3,9 +3,9 @@ under qemu user emulation in the C++ host cross-compiled against the aarch64 TVM
 libraries, and match the x86 library of the same artifact, and onnxruntime. Their convolutions
 and matmuls run in XNNPACK (the targets' ``[libraries] xnnpack``).
 
-Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64``, the aarch64 sysroot and Debian's arm64 XNNPACK
-(``scripts/install-system-deps.sh cross``), and the aarch64 wheels of the pinned apache-tvm and
-apache-tvm-ffi, which it downloads once into ``~/.cache/edgec``.
+Needs ``aarch64-linux-gnu-g++``, ``qemu-aarch64``, the aarch64 sysroot, Debian's arm64 XNNPACK,
+zlib and libssl (``scripts/install-system-deps.sh cross``), and the aarch64 wheels of the pinned
+apache-tvm and apache-tvm-ffi, which it downloads once into ``~/.cache/edgec``.
 """
 
 from __future__ import annotations
@@ -65,8 +65,27 @@ def xnnpack() -> None:
         pytest.skip(str(exc))
 
 
+def missing_host_libraries(cxx: str, directory: Path) -> str:
+    """Why ``cxx`` cannot build the C++ host's zlib and libcrypto calls ('' when it can): the
+    arm64 -dev packages are missing, say."""
+    probe = directory / "probe.cc"
+    probe.write_text("#include <openssl/evp.h>\n#include <zlib.h>\n"
+                     "int main() { return crc32(0, nullptr, 0) + (EVP_sha256() == nullptr); }\n")
+    result = subprocess.run([cxx, str(probe), "-lcrypto", "-lz", "-o", str(directory / "probe")],
+                            capture_output=True, text=True)
+    if result.returncode == 0:
+        return ""
+    lines = result.stderr.strip().splitlines() or ["exit status %d" % result.returncode]
+    return next((line for line in lines if "error" in line), lines[-1])
+
+
 @pytest.fixture(scope="module")
-def arm_host() -> Path:
+def arm_host(tmp_path_factory) -> Path:
+    """The aarch64 host; skips, naming the packages, where its zlib or libcrypto is missing."""
+    why = missing_host_libraries(ARM.cross_compiler, tmp_path_factory.mktemp("probe"))
+    if why:
+        pytest.skip(f"the aarch64 C++ host needs zlib1g-dev:arm64 and libssl-dev:arm64 "
+                    f"(scripts/install-system-deps.sh cross): {why}")
     return build_host(ARM.cross_compiler, aarch64_runtime_libraries())
 
 

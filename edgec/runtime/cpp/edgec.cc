@@ -1,6 +1,7 @@
 /*
- * edgec's C++ runtime (see edgec.h): zip reading with a small inflate, SHA-256 and CRC-32, the
- * artifact checks of `edgec/runtime/artifact.py`, and loading and running through TVM's VM.
+ * edgec's C++ runtime (see edgec.h): zip reading (inflate and CRC-32 by zlib), the artifact
+ * checks of `edgec/runtime/artifact.py` (SHA-256 by libcrypto), signature checks of
+ * `edgec/signing.py` (Ed25519 by libcrypto), and loading and running through TVM's VM.
  *
  * Messages mirror the Python runtime's word for word, so both readers refuse a file the same way.
  */
@@ -8,6 +9,10 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -21,14 +26,16 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
-#include <array>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -40,341 +47,175 @@ namespace ffi = tvm::ffi;
 namespace {
 
 constexpr const char* kManifestName = "manifest.json";
-// An Ed25519 signature over the manifest (edgec/signing.py); this host does not verify it.
+// An Ed25519 signature over the manifest (edgec/signing.py), checked when a key is trusted.
 constexpr const char* kSignatureName = "manifest.sig";
+constexpr const char* kSignatureAlgorithm = "ed25519";
+// Prefixed to the manifest before signing (signing.py's CONTEXT).
+constexpr const char* kSignatureContext = "edgec artifact manifest v1\n";
 constexpr int kPooledAllocator = 2;
 const char* const kRequiredKeys[] = {"format_version", "model", "inputs", "outputs", "libraries"};
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
 // ---------------------------------------------------------------------------------------------
-// Inflate (RFC 1951), after Mark Adler's puff.c: canonical Huffman codes decoded bit by bit.
+// Inflate and CRC-32 (zlib), SHA-256 and Ed25519 (libcrypto).
 
-class Inflater {
- public:
-  // Inflates into `out`, which must not grow beyond `limit` bytes (the size the zip declares).
-  Inflater(const uint8_t* in, size_t size, size_t limit, std::vector<uint8_t>* out)
-      : in_(in), size_(size), limit_(limit), out_(out) {}
-
-  void Run() {
-    int last;
-    do {
-      last = Bits(1);
-      int type = Bits(2);
-      if (type == 0) {
-        Stored();
-      } else if (type == 1) {
-        Fixed();
-      } else if (type == 2) {
-        Dynamic();
-      } else {
-        throw std::runtime_error("invalid deflate block type");
-      }
-    } while (!last);
+// Zip's method 8, raw deflate, as Python's zipfile reads it: at most `limit` bytes (the size the
+// zip declares; what follows is not read), or fewer when the stream or its input ends early (the
+// CRC check then refuses them). The output grows with what inflates, so a forged size reserves
+// nothing. Invalid data raises Python's zlib.error message ("Error -3 while decompressing ...").
+std::vector<uint8_t> Inflate(const uint8_t* in, size_t size, size_t limit) {
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw std::bad_alloc();
+  struct End {
+    z_stream* stream;
+    ~End() { inflateEnd(stream); }
+  } end{&stream};
+  std::vector<uint8_t> out;
+  stream.next_in = const_cast<Bytef*>(in);
+  stream.avail_in = static_cast<uInt>(size);  // a zip member's size is 32 bits
+  while (out.size() < limit) {
+    const size_t have = out.size(), room = std::min<size_t>(limit - have, size_t(1) << 20);
+    out.resize(have + room);
+    stream.next_out = out.data() + have;
+    stream.avail_out = static_cast<uInt>(room);
+    const int status = inflate(&stream, Z_NO_FLUSH);
+    out.resize(have + room - stream.avail_out);
+    if (status == Z_STREAM_END || status == Z_BUF_ERROR) break;  // ended, or its input did
+    if (status == Z_MEM_ERROR) throw std::bad_alloc();
+    if (status != Z_OK) {
+      throw std::runtime_error("Error " + std::to_string(status) + " while decompressing data: " +
+                               (stream.msg ? stream.msg : "invalid data"));
+    }
+    if (stream.avail_in == 0 && stream.avail_out != 0) break;
   }
-
- private:
-  static constexpr int kMaxBits = 15;
-  static constexpr int kMaxLengthCodes = 286;
-  static constexpr int kMaxDistCodes = 30;
-  static constexpr int kFixedLengthCodes = 288;
-
-  struct Huffman {
-    int16_t count[kMaxBits + 1];
-    int16_t symbol[kFixedLengthCodes];
-  };
-
-  int Bits(int need) {
-    uint32_t value = bitbuf_;
-    while (bitcnt_ < need) {
-      if (pos_ == size_) throw std::runtime_error("deflate data ends early");
-      value |= static_cast<uint32_t>(in_[pos_++]) << bitcnt_;
-      bitcnt_ += 8;
-    }
-    bitbuf_ = value >> need;
-    bitcnt_ -= need;
-    return static_cast<int>(value & ((1u << need) - 1));
-  }
-
-  void Stored() {
-    bitbuf_ = 0;
-    bitcnt_ = 0;
-    if (pos_ + 4 > size_) throw std::runtime_error("deflate data ends early");
-    unsigned len = in_[pos_] | (in_[pos_ + 1] << 8);
-    unsigned nlen = in_[pos_ + 2] | (in_[pos_ + 3] << 8);
-    pos_ += 4;
-    if (len != (~nlen & 0xffffu)) throw std::runtime_error("bad stored block length");
-    if (pos_ + len > size_) throw std::runtime_error("deflate data ends early");
-    if (out_->size() + len > limit_) throw std::runtime_error("deflate data longer than declared");
-    out_->insert(out_->end(), in_ + pos_, in_ + pos_ + len);
-    pos_ += len;
-  }
-
-  // The symbol of the next code; the fast form of puff's decode(), bits taken from bitbuf_.
-  int Decode(const Huffman& h) {
-    uint32_t bitbuf = bitbuf_;
-    int left = bitcnt_;
-    int code = 0, first = 0, index = 0, len = 1;
-    const int16_t* next = h.count + 1;
-    for (;;) {
-      while (left--) {
-        code |= bitbuf & 1;
-        bitbuf >>= 1;
-        int count = *next++;
-        if (code - count < first) {
-          bitbuf_ = bitbuf;
-          bitcnt_ = (bitcnt_ - len) & 7;
-          return h.symbol[index + (code - first)];
-        }
-        index += count;
-        first += count;
-        first <<= 1;
-        code <<= 1;
-        ++len;
-      }
-      left = (kMaxBits + 1) - len;
-      if (left == 0) break;
-      if (pos_ == size_) throw std::runtime_error("deflate data ends early");
-      bitbuf = in_[pos_++];
-      if (left > 8) left = 8;
-    }
-    throw std::runtime_error("invalid Huffman code");
-  }
-
-  // Build a canonical code from code lengths; returns 0 when complete, > 0 when incomplete,
-  // < 0 when over-subscribed.
-  static int Construct(Huffman* h, const int16_t* length, int n) {
-    std::fill(h->count, h->count + kMaxBits + 1, 0);
-    for (int s = 0; s < n; ++s) h->count[length[s]]++;
-    if (h->count[0] == n) return 0;
-    int left = 1;
-    for (int len = 1; len <= kMaxBits; ++len) {
-      left <<= 1;
-      left -= h->count[len];
-      if (left < 0) return left;
-    }
-    int16_t offs[kMaxBits + 1];
-    offs[1] = 0;
-    for (int len = 1; len < kMaxBits; ++len) offs[len + 1] = offs[len] + h->count[len];
-    for (int s = 0; s < n; ++s) {
-      if (length[s] != 0) h->symbol[offs[length[s]]++] = static_cast<int16_t>(s);
-    }
-    return left;
-  }
-
-  void Codes(const Huffman& lencode, const Huffman& distcode) {
-    static const int16_t kLengthBase[29] = {3,  4,  5,  6,   7,   8,   9,   10,  11, 13,
-                                            15, 17, 19, 23,  27,  31,  35,  43,  51, 59,
-                                            67, 83, 99, 115, 131, 163, 195, 227, 258};
-    static const int16_t kLengthExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
-                                             2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-    static const int16_t kDistBase[30] = {
-        1,   2,   3,   4,   5,   7,    9,    13,   17,   25,   33,   49,   65,    97,    129,
-        193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-    static const int16_t kDistExtra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
-                                           6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
-    for (;;) {
-      int symbol = Decode(lencode);
-      if (symbol < 256) {
-        if (out_->size() == limit_) throw std::runtime_error("deflate data longer than declared");
-        out_->push_back(static_cast<uint8_t>(symbol));
-        continue;
-      }
-      if (symbol == 256) return;
-      symbol -= 257;
-      if (symbol >= 29) throw std::runtime_error("invalid deflate length code");
-      size_t len = kLengthBase[symbol] + Bits(kLengthExtra[symbol]);
-      symbol = Decode(distcode);
-      if (symbol >= 30) throw std::runtime_error("invalid deflate distance code");
-      size_t dist = kDistBase[symbol] + Bits(kDistExtra[symbol]);
-      if (dist > out_->size()) throw std::runtime_error("deflate distance too far back");
-      if (out_->size() + len > limit_)
-        throw std::runtime_error("deflate data longer than declared");
-      size_t from = out_->size() - dist;
-      for (size_t i = 0; i < len; ++i) out_->push_back((*out_)[from + i]);
-    }
-  }
-
-  void Fixed() {
-    if (!fixed_built_) {
-      int16_t lengths[kFixedLengthCodes];
-      int s = 0;
-      for (; s < 144; ++s) lengths[s] = 8;
-      for (; s < 256; ++s) lengths[s] = 9;
-      for (; s < 280; ++s) lengths[s] = 7;
-      for (; s < kFixedLengthCodes; ++s) lengths[s] = 8;
-      Construct(&fixed_len_, lengths, kFixedLengthCodes);
-      for (s = 0; s < kMaxDistCodes; ++s) lengths[s] = 5;
-      Construct(&fixed_dist_, lengths, kMaxDistCodes);
-      fixed_built_ = true;
-    }
-    Codes(fixed_len_, fixed_dist_);
-  }
-
-  void Dynamic() {
-    static const int16_t kOrder[19] = {16, 17, 18, 0, 8,  7, 9,  6, 10, 5,
-                                       11, 4,  12, 3, 13, 2, 14, 1, 15};
-    int nlen = Bits(5) + 257;
-    int ndist = Bits(5) + 1;
-    int ncode = Bits(4) + 4;
-    if (nlen > kMaxLengthCodes || ndist > kMaxDistCodes) {
-      throw std::runtime_error("bad deflate code counts");
-    }
-    int16_t lengths[kMaxLengthCodes + kMaxDistCodes] = {0};
-    for (int i = 0; i < ncode; ++i) lengths[kOrder[i]] = static_cast<int16_t>(Bits(3));
-    Huffman lencode, distcode;
-    if (Construct(&lencode, lengths, 19) != 0) throw std::runtime_error("bad deflate code lengths");
-    int index = 0;
-    while (index < nlen + ndist) {
-      int symbol = Decode(lencode);
-      if (symbol < 16) {
-        lengths[index++] = static_cast<int16_t>(symbol);
-        continue;
-      }
-      int16_t len = 0;
-      if (symbol == 16) {
-        if (index == 0) throw std::runtime_error("deflate repeat with no first length");
-        len = lengths[index - 1];
-        symbol = 3 + Bits(2);
-      } else if (symbol == 17) {
-        symbol = 3 + Bits(3);
-      } else {
-        symbol = 11 + Bits(7);
-      }
-      if (index + symbol > nlen + ndist) throw std::runtime_error("too many deflate lengths");
-      while (symbol--) lengths[index++] = len;
-    }
-    if (lengths[256] == 0) throw std::runtime_error("deflate block has no end code");
-    int err = Construct(&lencode, lengths, nlen);
-    if (err && (err < 0 || nlen != lencode.count[0] + lencode.count[1])) {
-      throw std::runtime_error("incomplete deflate literal/length code");
-    }
-    err = Construct(&distcode, lengths + nlen, ndist);
-    if (err && (err < 0 || ndist != distcode.count[0] + distcode.count[1])) {
-      throw std::runtime_error("incomplete deflate distance code");
-    }
-    Codes(lencode, distcode);
-  }
-
-  const uint8_t* in_;
-  size_t size_;
-  size_t limit_;
-  size_t pos_ = 0;
-  uint32_t bitbuf_ = 0;
-  int bitcnt_ = 0;
-  std::vector<uint8_t>* out_;
-  Huffman fixed_len_, fixed_dist_;
-  bool fixed_built_ = false;
-};
-
-// ---------------------------------------------------------------------------------------------
-// CRC-32 (zip's) and SHA-256 (FIPS 180-4).
-
-uint32_t Crc32(const uint8_t* data, size_t size) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
-    for (uint32_t n = 0; n < 256; ++n) {
-      uint32_t c = n;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
-      t[n] = c;
-    }
-    return t;
-  }();
-  uint32_t crc = 0xffffffffu;
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ data[i]) & 0xff] ^ (crc >> 8);
-  return crc ^ 0xffffffffu;
+  return out;
 }
 
-class Sha256 {
- public:
-  void Update(const uint8_t* data, size_t size) {
-    total_ += size;
-    if (used_ > 0) {
-      size_t take = std::min(size, sizeof(block_) - used_);
-      std::memcpy(block_ + used_, data, take);
-      used_ += take;
-      data += take;
-      size -= take;
-      if (used_ < sizeof(block_)) return;
-      Compress(block_);
-      used_ = 0;
-    }
-    for (; size >= 64; data += 64, size -= 64) Compress(data);
-    std::memcpy(block_, data, size);
-    used_ = size;
+uint32_t Crc32(const uint8_t* data, size_t size) {
+  return static_cast<uint32_t>(crc32_z(crc32_z(0, Z_NULL, 0), data, size));
+}
+
+std::string Hex(const uint8_t* data, size_t size) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < size; ++i) {
+    out += digits[data[i] >> 4];
+    out += digits[data[i] & 0xf];
   }
+  return out;
+}
 
-  std::string HexDigest() {
-    uint64_t bits = total_ * 8;
-    uint8_t pad[72] = {0x80};
-    size_t pad_len = (used_ < 56 ? 56 - used_ : 120 - used_);
-    for (int i = 0; i < 8; ++i) pad[pad_len + i] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-    Update(pad, pad_len + 8);
-    static const char* hex = "0123456789abcdef";
-    std::string out;
-    for (uint32_t word : state_) {
-      for (int shift = 28; shift >= 0; shift -= 4) out += hex[(word >> shift) & 0xf];
+// Python's bytes.fromhex: pairs of hex digits, ASCII whitespace allowed between pairs.
+std::optional<std::vector<uint8_t>> FromHex(const std::string& text) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i < text.size();) {
+    if (text[i] != '\0' && std::strchr(" \t\n\r\v\f", text[i])) {
+      ++i;
+      continue;
     }
-    return out;
+    if (i + 1 >= text.size()) return std::nullopt;
+    int high = digit(text[i]), low = digit(text[i + 1]);
+    if (high < 0 || low < 0) return std::nullopt;
+    out.push_back(static_cast<uint8_t>(high << 4 | low));
+    i += 2;
   }
+  return out;
+}
 
- private:
-  static uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+using PKey = std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)>;
 
-  void Compress(const uint8_t* chunk) {
-    static const uint32_t k[64] = {
-        0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-        0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-        0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-        0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-        0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-        0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-        0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-        0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-        0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-        0xc67178f2};
-    uint32_t w[64];
-    for (int i = 0; i < 16; ++i) {
-      w[i] = (uint32_t(chunk[4 * i]) << 24) | (uint32_t(chunk[4 * i + 1]) << 16) |
-             (uint32_t(chunk[4 * i + 2]) << 8) | uint32_t(chunk[4 * i + 3]);
-    }
-    for (int i = 16; i < 64; ++i) {
-      uint32_t s0 = Rotr(w[i - 15], 7) ^ Rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-      uint32_t s1 = Rotr(w[i - 2], 17) ^ Rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
-    uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
-    for (int i = 0; i < 64; ++i) {
-      uint32_t s1 = Rotr(e, 6) ^ Rotr(e, 11) ^ Rotr(e, 25);
-      uint32_t t1 = h + s1 + ((e & f) ^ (~e & g)) + k[i] + w[i];
-      uint32_t s0 = Rotr(a, 2) ^ Rotr(a, 13) ^ Rotr(a, 22);
-      uint32_t t2 = s0 + ((a & b) ^ (a & c) ^ (b & c));
-      h = g;
-      g = f;
-      f = e;
-      e = d + t1;
-      d = c;
-      c = b;
-      b = a;
-      a = t1 + t2;
-    }
-    state_[0] += a;
-    state_[1] += b;
-    state_[2] += c;
-    state_[3] += d;
-    state_[4] += e;
-    state_[5] += f;
-    state_[6] += g;
-    state_[7] += h;
+// A key file's bytes (signing.py's _read_key_file).
+std::vector<uint8_t> ReadKeyFile(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    throw Error(ErrorKind::kInputFile, "public key " + Quote(path) +
+                                           " does not exist; make a key pair with `edgec keygen`");
   }
+  std::ifstream file(path, std::ios::binary);
+  std::vector<uint8_t> data((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+  if (!file.is_open() || (!file.good() && !file.eof())) {
+    throw Error(ErrorKind::kInputFile,
+                "cannot read public key " + Quote(path) + ": " + std::strerror(errno));
+  }
+  return data;
+}
 
-  uint32_t state_[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                        0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  uint8_t block_[64];
-  size_t used_ = 0;
-  uint64_t total_ = 0;
-};
+// The name the Python side's `cryptography` gives a public key of another type.
+std::string KeyTypeName(const EVP_PKEY* key) {
+  switch (EVP_PKEY_get_base_id(key)) {
+    case EVP_PKEY_RSA:
+      return "RSAPublicKey";
+    case EVP_PKEY_EC:
+      return "ECPublicKey";
+    case EVP_PKEY_DSA:
+      return "DSAPublicKey";
+    case EVP_PKEY_ED448:
+      return "Ed448PublicKey";
+    case EVP_PKEY_X25519:
+      return "X25519PublicKey";
+    case EVP_PKEY_X448:
+      return "X448PublicKey";
+    default:
+      return std::string(EVP_PKEY_get0_type_name(key) ? EVP_PKEY_get0_type_name(key) : "key");
+  }
+}
+
+// signing.py's load_public_key: 32 raw bytes, or PEM.
+PKey LoadPublicKey(const TrustedKey& trusted) {
+  std::string where = "the public key";
+  std::vector<uint8_t> data = trusted.bytes;
+  if (!trusted.file.empty()) {
+    where = Quote(trusted.file);
+    data = ReadKeyFile(trusted.file);
+  }
+  const bool pem = data.size() >= 5 && std::memcmp(data.data(), "-----", 5) == 0;
+  PKey key(nullptr, EVP_PKEY_free);
+  if (data.size() == 32 && !pem) {
+    key.reset(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, data.data(), data.size()));
+  } else if (data.size() <= static_cast<size_t>(INT32_MAX)) {
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+        BIO_new_mem_buf(data.data(), static_cast<int>(data.size())), BIO_free);
+    if (bio) key.reset(PEM_read_bio_PUBKEY(bio.get(), nullptr, nullptr, nullptr));
+  }
+  ERR_clear_error();  // a failed parse leaves its reasons queued; the message below says enough
+  if (!key) {
+    throw Error(ErrorKind::kInputFile, where + " is not a public key (PEM or 32 raw bytes); pass "
+                                               "the .pub file `edgec keygen` wrote");
+  }
+  if (EVP_PKEY_get_base_id(key.get()) != EVP_PKEY_ED25519) {
+    throw Error(ErrorKind::kInputFile,
+                where + " is a " + KeyTypeName(key.get()) + ", not an Ed25519 key");
+  }
+  return key;
+}
+
+// signing.py's fingerprint: the first 16 hex digits of the raw public key.
+std::string Fingerprint(EVP_PKEY* key) {
+  uint8_t raw[32];
+  size_t size = sizeof(raw);
+  if (EVP_PKEY_get_raw_public_key(key, raw, &size) != 1) return "?";
+  return Hex(raw, size).substr(0, 16);
+}
+
+bool VerifyEd25519(EVP_PKEY* key, const std::vector<uint8_t>& signature,
+                   const std::string& message) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> context(EVP_MD_CTX_new(),
+                                                                  EVP_MD_CTX_free);
+  if (!context) throw std::bad_alloc();
+  bool valid = EVP_DigestVerifyInit(context.get(), nullptr, nullptr, nullptr, key) == 1 &&
+               EVP_DigestVerify(context.get(), signature.data(), signature.size(),
+                                reinterpret_cast<const uint8_t*>(message.data()),
+                                message.size()) == 1;
+  ERR_clear_error();
+  return valid;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Zip archives (PKWARE APPNOTE): the central directory, then each member's local header.
@@ -386,81 +227,118 @@ uint32_t Le32(const uint8_t* p) {
 
 struct CentralEntry {
   std::string name;
-  uint32_t method, flags, crc, compressed, uncompressed, external_attr, offset;
+  std::string raw_name;  // as stored; `name` stops at a NUL
+  uint32_t method, flags, crc, compressed, uncompressed, external_attr;
+  size_t offset;  // of the local header; the archive's size when out of range
 };
 
+// Python zipfile's _EndRecData and _RealGetContents, so that both readers take a damaged
+// archive's fields the same way: the end record is the last one in the final 64 KiB, the
+// directory is the `cd_size` bytes before it (its entry count is not used), and member offsets
+// shift by however far the directory moved (zipfile's "concat"). Every read is bounds-checked.
 std::vector<CentralEntry> ReadCentralDirectory(const std::vector<uint8_t>& zip,
                                                const std::string& where) {
   const Error not_zip(ErrorKind::kArtifact,
                       Quote(where) + " is not an edgec artifact (not a zip archive); rebuild it");
+  constexpr uint32_t kEndRecord = 0x06054b50u, kZip64Locator = 0x07064b50u;
+  constexpr size_t kEndSize = 22, kEntrySize = 46;
   const size_t n = zip.size();
-  if (n < 22) throw not_zip;
-  size_t eocd = std::string::npos;
-  size_t lowest = n > 22 + 65535 ? n - 22 - 65535 : 0;
-  for (size_t i = n - 22 + 1; i-- > lowest;) {
-    if (Le32(&zip[i]) == 0x06054b50u && i + 22 + Le16(&zip[i + 20]) == n) {
-      eocd = i;
-      break;
+  if (n < kEndSize) throw not_zip;
+  size_t eocd = n - kEndSize;
+  if (!(Le32(&zip[eocd]) == kEndRecord && Le16(&zip[n - 2]) == 0)) {
+    const size_t lowest = n > kEndSize + 65536 ? n - kEndSize - 65536 : 0;
+    size_t found = std::string::npos;
+    for (size_t i = n - 4 + 1; i-- > lowest;) {
+      if (Le32(&zip[i]) == kEndRecord) {
+        found = i;
+        break;
+      }
     }
+    if (found == std::string::npos || found + kEndSize > n) throw not_zip;
+    eocd = found;
   }
-  if (eocd == std::string::npos) throw not_zip;
-  uint32_t count = Le16(&zip[eocd + 10]);
-  uint32_t cd_size = Le32(&zip[eocd + 12]);
-  uint32_t cd_offset = Le32(&zip[eocd + 16]);
-  if (count == 0xffffu || cd_size == 0xffffffffu || cd_offset == 0xffffffffu) {
+  if (eocd >= 20 && Le32(&zip[eocd - 20]) == kZip64Locator) {
     throw Error(ErrorKind::kArtifact,
                 Quote(where) + " is a zip64 archive; this reader supports plain zip archives");
   }
-  if (static_cast<uint64_t>(cd_offset) + cd_size > eocd) throw not_zip;
+  const uint32_t cd_size = Le32(&zip[eocd + 12]);
+  const uint32_t cd_offset = Le32(&zip[eocd + 16]);
+  if (cd_size > eocd) throw not_zip;  // "Bad offset for central directory"
+  const size_t cd_start = eocd - cd_size;
+  const int64_t concat = static_cast<int64_t>(cd_start) - cd_offset;
   std::vector<CentralEntry> entries;
-  size_t p = cd_offset;
-  for (uint32_t i = 0; i < count; ++i) {
-    if (p + 46 > eocd || Le32(&zip[p]) != 0x02014b50u) throw not_zip;
+  // zipfile reads the name, extra field and comment short when they run past the directory.
+  auto clamp = [&](uint64_t at, uint64_t length) {
+    return static_cast<size_t>(at >= eocd ? 0 : std::min<uint64_t>(length, eocd - at));
+  };
+  for (uint64_t p = cd_start; p < eocd;) {
+    if (p + kEntrySize > eocd || Le32(&zip[p]) != 0x02014b50u) throw not_zip;
+    if (zip[p + 6] > 63) throw not_zip;  // zipfile's MAX_EXTRACT_VERSION
     CentralEntry e;
     e.flags = Le16(&zip[p + 8]);
     e.method = Le16(&zip[p + 10]);
     e.crc = Le32(&zip[p + 16]);
     e.compressed = Le32(&zip[p + 20]);
     e.uncompressed = Le32(&zip[p + 24]);
-    uint32_t name_len = Le16(&zip[p + 28]);
-    uint32_t extra_len = Le16(&zip[p + 30]);
-    uint32_t comment_len = Le16(&zip[p + 32]);
+    const uint64_t name_len = Le16(&zip[p + 28]), extra_len = Le16(&zip[p + 30]);
+    const uint64_t comment_len = Le16(&zip[p + 32]);
     e.external_attr = Le32(&zip[p + 38]);
-    e.offset = Le32(&zip[p + 42]);
-    if (p + 46 + name_len + extra_len + comment_len > eocd) throw not_zip;
-    e.name.assign(reinterpret_cast<const char*>(&zip[p + 46]), name_len);
+    const int64_t offset = static_cast<int64_t>(Le32(&zip[p + 42])) + concat;
+    e.offset = offset < 0 || static_cast<uint64_t>(offset) >= n ? n : static_cast<size_t>(offset);
+    const uint64_t name_at = p + kEntrySize;
+    e.raw_name.assign(reinterpret_cast<const char*>(zip.data() + std::min<uint64_t>(name_at, n)),
+                      clamp(name_at, name_len));
     // Python's zipfile cuts a name at its first NUL; do the same so both readers see one name.
-    e.name = e.name.substr(0, e.name.find('\0'));
+    e.name = e.raw_name.substr(0, e.raw_name.find('\0'));
+    // zipfile's _decodeExtra: each record's length must fit in the field.
+    const uint64_t extra_at = name_at + name_len;
+    for (size_t left = clamp(extra_at, extra_len), at = extra_at; left >= 4;) {
+      const size_t record = 4 + Le16(&zip[at + 2]);
+      if (record > left) throw not_zip;
+      left -= record;
+      at += record;
+    }
     entries.push_back(std::move(e));
-    p += 46 + name_len + extra_len + comment_len;
+    p = extra_at + extra_len + comment_len;
   }
   return entries;
 }
 
+// A member's bytes, checked and read as Python's zipfile does (same messages): reads that run past
+// the end of the archive come back short, and the CRC check refuses what they lack.
 std::vector<uint8_t> ReadMemberData(const std::vector<uint8_t>& zip, const CentralEntry& e) {
-  if (e.flags & 1) throw std::runtime_error("member '" + e.name + "' is encrypted");
-  size_t p = e.offset;
-  if (p + 30 > zip.size() || Le32(&zip[p]) != 0x04034b50u) {
-    throw std::runtime_error("bad local header for '" + e.name + "'");
+  // 64-bit sums of 32-bit fields: no offset below can wrap.
+  const uint64_t size = zip.size(), p = e.offset;
+  auto available = [&](uint64_t at, uint64_t length) {
+    return at >= size ? 0 : static_cast<size_t>(std::min(length, size - at));
+  };
+  if (p + 30 > size) throw std::runtime_error("Truncated file header");
+  if (Le32(&zip[p]) != 0x04034b50u) throw std::runtime_error("Bad magic number for file header");
+  const uint64_t name_at = p + 30, name_len = Le16(&zip[p + 26]);
+  const uint64_t start = name_at + name_len + Le16(&zip[p + 28]);
+  if (std::string(reinterpret_cast<const char*>(zip.data()) + name_at,
+                  available(name_at, name_len)) != e.raw_name) {
+    throw std::runtime_error("File name in directory " + Quote(e.raw_name) +
+                             " and header differ.");
   }
-  size_t start = p + 30 + Le16(&zip[p + 26]) + Le16(&zip[p + 28]);
-  if (start + e.compressed > zip.size()) throw std::runtime_error("'" + e.name + "' is truncated");
+  if (e.flags & 1) {
+    throw std::runtime_error("File " + Quote(e.name) +
+                             " is encrypted, password required for extraction");
+  }
+  const uint8_t* in = zip.data() + std::min(start, size);
+  const size_t compressed = available(start, e.compressed);
   std::vector<uint8_t> data;
   if (e.method == 0) {
-    if (e.compressed != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
-    data.assign(zip.begin() + start, zip.begin() + start + e.compressed);
+    data.assign(in, in + std::min<size_t>(compressed, e.uncompressed));
   } else if (e.method == 8) {
-    // Deflate expands at most 1032:1: a forged size must not reserve gigabytes.
-    data.reserve(std::min<size_t>(e.uncompressed, size_t(e.compressed) * 1032 + 64));
-    Inflater(zip.data() + start, e.compressed, e.uncompressed, &data).Run();
-    if (data.size() != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
+    data = Inflate(in, compressed, e.uncompressed);
   } else {
-    throw std::runtime_error("compression method " + std::to_string(e.method) + " of '" + e.name +
-                             "' is not supported");
+    throw std::runtime_error("That compression method is not supported");
   }
   if (Crc32(data.data(), data.size()) != e.crc) {
     throw std::runtime_error("Bad CRC-32 for file '" + e.name + "'");
   }
+  if (data.size() != e.uncompressed) throw std::runtime_error("bad size for '" + e.name + "'");
   return data;
 }
 
@@ -851,9 +729,13 @@ std::vector<ZipMember> ReadZip(const std::vector<uint8_t>& archive, const std::s
 }
 
 std::string Sha256Hex(const uint8_t* data, size_t size) {
-  Sha256 sha;
-  sha.Update(data, size);
-  return sha.HexDigest();
+  uint8_t digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(data, size, digest, &length, EVP_sha256(), nullptr) != 1) {
+    ERR_clear_error();
+    throw std::runtime_error("libcrypto cannot compute SHA-256");
+  }
+  return Hex(digest, length);
 }
 
 namespace {
@@ -950,7 +832,7 @@ ffi::Tensor Empty(const std::vector<int64_t>& shape, DLDataType dtype) {
                                   DLDevice{kDLCPU, 0});
 }
 
-Artifact Artifact::Open(const std::string& path) {
+Artifact Artifact::Open(const std::string& path, const TrustedKey& require_signature) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     throw Error(ErrorKind::kInputFile,
@@ -962,7 +844,9 @@ Artifact Artifact::Open(const std::string& path) {
   if (!file.good() && !file.eof()) {
     throw Error(ErrorKind::kInputFile, "cannot read artifact " + Quote(path));
   }
-  return FromBytes(data, path);
+  Artifact artifact = FromBytes(data, path);
+  if (!require_signature.empty()) artifact.VerifySignature(require_signature);
+  return artifact;
 }
 
 Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string& where) {
@@ -989,6 +873,9 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
       std::vector<uint8_t> bytes = ReadMemberData(data, e);
       if (e.name == kManifestName) {
         artifact.manifest_json_.assign(bytes.begin(), bytes.end());
+      } else if (e.name == kSignatureName) {
+        artifact.is_signed_ = true;
+        artifact.signature_.assign(bytes.begin(), bytes.end());
       } else {
         index[e.name] = artifact.files_.size();
         artifact.files_.push_back({e.name, e.external_attr, std::move(bytes)});
@@ -1084,7 +971,7 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
   }
   std::vector<std::string> unlisted;
   for (const auto& kv : index) {  // sorted, as Python's sorted()
-    if (!listed.count(kv.first) && kv.first != kSignatureName) unlisted.push_back(kv.first);
+    if (!listed.count(kv.first)) unlisted.push_back(kv.first);
   }
   if (!unlisted.empty()) {
     throw Error(ErrorKind::kArtifact,
@@ -1093,6 +980,59 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
   artifact.inputs_ = ParseSpecs(*Get(*manifest, "inputs"), where);
   artifact.outputs_ = ParseSpecs(*Get(*manifest, "outputs"), where);
   return artifact;
+}
+
+namespace {
+// Python's str() of a JSON scalar, as signing.py's messages print it.
+std::string PyStr(const ffi::Any& value) {
+  if (auto s = value.try_cast<ffi::String>()) return std::string(*s);
+  return PyRepr(value);
+}
+}  // namespace
+
+void Artifact::VerifySignature(const TrustedKey& trusted) const {
+  const std::string w = Quote(where_);
+  PKey key = LoadPublicKey(trusted);  // first, as signing.py: a bad key is named before all else
+  const std::string fingerprint = Fingerprint(key.get());
+  if (!is_signed_) {
+    throw Error(ErrorKind::kArtifact, w + " is not signed, and a signature by key " + fingerprint +
+                                          " is required; rebuild it with `edgec compile --sign KEY`");
+  }
+  const Error malformed(ErrorKind::kArtifact, w + " has a malformed signature; the artifact was "
+                                                  "modified, rebuild and sign it again");
+  ffi::String parse_error;
+  ffi::Any doc;
+  try {
+    doc = ffi::json::Parse(signature_, &parse_error);
+  } catch (const std::exception&) {
+    throw malformed;
+  }
+  auto document = doc.try_cast<JsonObject>();
+  if (!parse_error.empty() || !document) throw malformed;
+  auto algorithm = Get(*document, "algorithm");
+  if (!algorithm) throw malformed;
+  auto algorithm_name = algorithm->try_cast<ffi::String>();
+  if (!algorithm_name || std::string(*algorithm_name) != kSignatureAlgorithm) {
+    throw Error(ErrorKind::kArtifact, w + " is signed with " + Quote(PyStr(*algorithm)) +
+                                          ", this edgec verifies only " + kSignatureAlgorithm);
+  }
+  auto signature_hex = Get(*document, "signature");
+  if (!signature_hex) throw malformed;
+  auto signature_text = signature_hex->try_cast<ffi::String>();
+  if (!signature_text) throw malformed;
+  std::optional<std::vector<uint8_t>> signature = FromHex(std::string(*signature_text));
+  if (!signature) throw malformed;
+  auto signer_key = Get(*document, "public_key");
+  const std::string signer = signer_key ? PyStr(*signer_key).substr(0, 16) : "";
+  if (!VerifyEd25519(key.get(), *signature, kSignatureContext + manifest_json_)) {
+    if (!signer.empty() && signer != fingerprint) {
+      throw Error(ErrorKind::kArtifact, w + " is signed by key " + signer +
+                                            ", not by the required key " + fingerprint +
+                                            "; refusing it");
+    }
+    throw Error(ErrorKind::kArtifact, w + " has an invalid signature for key " + fingerprint +
+                                          ": its manifest was modified after signing; refusing it");
+  }
 }
 
 const std::vector<uint8_t>& Artifact::library(const std::string& target) const {
@@ -1188,6 +1128,10 @@ void BindLinkedFunctions(const std::string& lib_path, const LibraryInfo& library
 
 Model Model::Load(const std::string& path, const std::string& target, int threads) {
   return Load(Artifact::Open(path), target, threads);
+}
+
+Model Model::Load(const std::string& path, const LoadOptions& options) {
+  return Load(Artifact::Open(path, options.require_signature), options.target, options.threads);
 }
 
 Model Model::Load(const Artifact& artifact, const std::string& target, int threads) {

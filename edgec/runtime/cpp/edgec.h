@@ -4,12 +4,18 @@
  *
  * It reads the same format as the Python loader (`edgec/runtime/artifact.py`, format version 1)
  * and refuses the same files with the same one-line messages: format version, member paths,
- * duplicate or unlisted members, CRC-32 and sha256 of every library, all checked before any
- * native code is loaded. Zip inflate and SHA-256 are built in; it needs only `libtvm_runtime.so`
- * and `libtvm_ffi.so` and tvm_ffi's headers (`tvm_ffi.libinfo.find_include_path()`).
+ * duplicate or unlisted members, CRC-32 and sha256 of every library and, when the caller names a
+ * trusted key, the Ed25519 signature (`edgec/signing.py`), all checked before any native code is
+ * loaded. It needs `libtvm_runtime.so`, `libtvm_ffi.so` and tvm_ffi's headers
+ * (`tvm_ffi.libinfo.find_include_path()`), zlib (inflate, CRC-32) and OpenSSL 3's libcrypto
+ * (SHA-256, Ed25519).
  *
  *     edgec::Model model = edgec::Model::Load("model.edgec");
  *     std::vector<tvm::ffi::Tensor> outputs = model.Run({{"image", dtype, {1, 3, 32, 32}, data}});
+ *
+ *     edgec::LoadOptions options;
+ *     options.require_signature.file = "builder.pub";  // as `edgec keygen` wrote it
+ *     edgec::Model signed_model = edgec::Model::Load("model.edgec", options);
  *
  * Errors a user can cause throw edgec::Error, whose exit_code() matches `edgec/errors.py`;
  * failures inside the model (a wrong shape caught by the VM) throw tvm::ffi::Error.
@@ -104,6 +110,26 @@ std::vector<ZipMember> ReadZip(const std::vector<uint8_t>& archive, const std::s
 /*! \brief The lowercase hex SHA-256 of a byte range. */
 std::string Sha256Hex(const uint8_t* data, size_t size);
 
+/*!
+ * \brief The Ed25519 public key an artifact must be signed by, as `edgec run --require-signature`
+ * takes it: a key file, or the key's bytes. Either holds PEM (SubjectPublicKeyInfo, the `.pub`
+ * that `edgec keygen` or `openssl pkey -pubout` writes) or the 32 raw bytes of the key.
+ * Both empty: no signature is required.
+ */
+struct TrustedKey {
+  std::string file;
+  std::vector<uint8_t> bytes;
+  bool empty() const { return file.empty() && bytes.empty(); }
+};
+
+/*! \brief How Model::Load picks and checks what it loads. */
+struct LoadOptions {
+  std::string target;  // "": the first CPU library for this host
+  int threads = 0;     // see Model::Load
+  // Refuse the artifact unless it carries a valid signature by this key (edgec/signing.py).
+  TrustedKey require_signature;
+};
+
 /*! \brief This machine's architecture as artifacts name it (`x86_64`, `aarch64`). */
 std::string HostArch();
 
@@ -118,10 +144,20 @@ tvm::ffi::Tensor Empty(const std::vector<int64_t>& shape, DLDataType dtype);
 /*! \brief A verified artifact in memory; nothing native is loaded. */
 class Artifact {
  public:
-  /*! \brief Read and verify the artifact at `path`; throws Error naming what is wrong. */
-  static Artifact Open(const std::string& path);
+  /*!
+   * \brief Read and verify the artifact at `path` and, unless `require_signature` is empty, its
+   * signature by that key; throws Error naming what is wrong (Python's open_artifact).
+   */
+  static Artifact Open(const std::string& path, const TrustedKey& require_signature = {});
   /*! \brief Verify an artifact held in memory; `where` names it in error messages. */
   static Artifact FromBytes(const std::vector<uint8_t>& data, const std::string& where);
+  /*!
+   * \brief Check that the artifact is signed by `key`: Ed25519 over "edgec artifact manifest
+   * v1\n" and the manifest's bytes as stored. Throws Error(kInputFile) for an unusable key and
+   * Error(kArtifact) for an unsigned, foreign-signed, modified or malformed artifact, with the
+   * messages of edgec/signing.py's verify_artifact.
+   */
+  void VerifySignature(const TrustedKey& key) const;
 
   const std::string& where() const { return where_; }
   int format_version() const { return format_version_; }
@@ -143,7 +179,9 @@ class Artifact {
   std::string manifest_json_;
   std::vector<TensorSpec> inputs_, outputs_;
   std::vector<LibraryInfo> libraries_;
-  std::vector<ZipMember> files_;  // every member but the manifest
+  std::vector<ZipMember> files_;  // every member but the manifest and its signature
+  bool is_signed_ = false;
+  std::string signature_;  // manifest.sig's bytes, when signed
 };
 
 /*! \brief A named input: its data is copied into an aligned tensor, so any pointer will do. */
@@ -167,6 +205,8 @@ class Model {
    */
   static Model Load(const std::string& path, const std::string& target = "", int threads = 0);
   static Model Load(const Artifact& artifact, const std::string& target = "", int threads = 0);
+  /*! \brief As above; with options.require_signature set, the signature is verified first. */
+  static Model Load(const std::string& path, const LoadOptions& options);
 
   const std::string& target() const { return target_; }
   const std::vector<TensorSpec>& inputs() const { return inputs_; }

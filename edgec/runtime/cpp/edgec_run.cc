@@ -2,12 +2,14 @@
  * edgec_run: run an `.edgec` artifact from the command line with the C++ runtime.
  *
  *   edgec_run MODEL.edgec [NAME=FILE.npy ...] [--inputs FILE.npz] [-o DIR] [--target T]
- *             [--threads N] [--repeat N] [--info]
+ *             [--threads N] [--repeat N] [--info] [--require-signature KEY]
  *
  * Inputs come from .npy files (one per input, NAME=FILE) or an .npz keyed by input name (what
  * `edgec zoo export` writes); outputs are written as DIR/<output name>.npy (characters other than
  * letters, digits, '.', '-' and '_' replaced by '_'). --repeat N runs N more times and prints the
- * mean and best time of a checked call and of a raw VM call. Errors print one line,
+ * mean and best time of a checked call and of a raw VM call. --require-signature KEY refuses an
+ * artifact without a valid Ed25519 signature by the public key in file KEY, as `edgec run
+ * --require-signature` does (with --info too, which loads nothing). Errors print one line,
  * `edgec_run: error: ...`, and exit with the code `edgec` uses for the same error.
  */
 #include <sys/stat.h>
@@ -192,11 +194,13 @@ std::string DimsText(const edgec::TensorSpec& spec) {
 
 const char* kUsage =
     "usage: edgec_run MODEL.edgec [NAME=FILE.npy ...] [--inputs FILE.npz] [-o DIR]\n"
-    "                 [--target T] [--threads N] [--repeat N] [--info]\n";
+    "                 [--target T] [--threads N] [--repeat N] [--info]\n"
+    "                 [--require-signature KEY]\n";
 
 int Main(int argc, char** argv) {
-  std::string artifact_path, inputs_npz, out_dir, target;
-  int threads = 0, repeat = 0;
+  std::string artifact_path, inputs_npz, out_dir;
+  edgec::LoadOptions options;
+  int repeat = 0;
   bool info = false;
   std::vector<std::pair<std::string, std::string>> npy_inputs;
   for (int i = 1; i < argc; ++i) {
@@ -213,11 +217,13 @@ int Main(int argc, char** argv) {
     } else if (arg == "-o" || arg == "--output") {
       out_dir = value();
     } else if (arg == "--target") {
-      target = value();
+      options.target = value();
     } else if (arg == "--threads") {
-      threads = std::stoi(value());
+      options.threads = std::stoi(value());
     } else if (arg == "--repeat") {
       repeat = std::stoi(value());
+    } else if (arg == "--require-signature") {
+      options.require_signature.file = value();
     } else if (arg == "--info") {
       info = true;
     } else if (arg.find('=') != std::string::npos && !arg.empty() && arg[0] != '-') {
@@ -234,14 +240,14 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (info) {
-    edgec::Artifact artifact = edgec::Artifact::Open(artifact_path);
+    edgec::Artifact artifact = edgec::Artifact::Open(artifact_path, options.require_signature);
     std::cout << "format " << artifact.format_version() << ", host " << edgec::HostArch() << "\n";
     for (const auto& lib : artifact.libraries()) {
       std::cout << "library " << lib.target << " (" << lib.arch << ", " << lib.device << ") "
                 << lib.file << " sha256 " << lib.sha256 << "\n";
     }
     // As loading would: the library this CPU runs, or the reason none fits.
-    std::cout << "runs " << artifact.SelectTarget(target) << "\n";
+    std::cout << "runs " << artifact.SelectTarget(options.target) << "\n";
     for (const auto& spec : artifact.inputs()) {
       std::cout << "input " << spec.name << ": " << spec.dtype << " " << DimsText(spec) << "\n";
     }
@@ -255,7 +261,7 @@ int Main(int argc, char** argv) {
   for (const auto& [name, path] : npy_inputs)
     arrays.push_back(ParseNpy(ReadFile(path), name, "'" + path + "'"));
 
-  edgec::Model model = edgec::Model::Load(artifact_path, target, threads);
+  edgec::Model model = edgec::Model::Load(artifact_path, options);
   std::vector<edgec::Input> inputs;
   for (const Array& a : arrays) inputs.push_back({a.name, a.dtype, a.shape, a.data.data()});
   std::vector<ffi::Tensor> outputs = model.Run(inputs);
