@@ -191,7 +191,8 @@ def test_compile_sign_then_run_require_signature(mlp_dir, keys, tmp_path):
 
 
 def test_cpp_host_runs_signed_artifacts(signed, tmp_path):
-    """The C++ host does not verify signatures, but must not refuse a signed artifact."""
+    """A signed artifact runs in the C++ host without a key asked for (verification with one:
+    tests/runtime/test_cpp_host.py)."""
     from runtime.test_cpp_host import build_host, missing_tools, run_host
 
     if missing_tools("g++", "make"):
