@@ -45,8 +45,9 @@ def load_measurements(target: Target | str) -> list[dict[str, Any]]:
     paths = read_files(target, MEASUREMENTS_FILE)
     if not paths:
         name = target if isinstance(target, str) else target.name
-        raise StageInputError(f"target '{name}' has no measurements at '{measurements_path(target)}'; "
-                              f"run `edgec costmodel collect --target {name}` first")
+        raise StageInputError(f"target '{name}' has no measurements at "
+                              f"'{measurements_path(target)}'; run "
+                              f"`edgec costmodel collect --target {name}` first")
     rows = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
