@@ -41,24 +41,19 @@ def test_the_wheel_ships_targets_autotune_data_and_native_sources(tmp_path):
         members = {name: archive.read(name) for name in archive.namelist()}
 
     package = source / "edgec"
-    data = {
-        "targets": sorted((package / "targets").glob("*.toml")),
-        "autotune": sorted(p for p in (package / "autotune").rglob("*") if p.is_file()),
-        "native": sorted(p for p in (package / "native").iterdir() if p.suffix in (".cc", ".h")),
-        # The C++ host's sources and Makefile; its .clang-format is for its developers.
-        "runtime/cpp": sorted(p for p in (package / "runtime" / "cpp").iterdir()
-                              if p.is_file() and not p.name.startswith(".")),
-    }
-    # What edgec.core.locations reads is what this test expects the wheel to hold.
-    for folder, directory in (("targets", locations.TARGETS_DIR),
-                              ("autotune", locations.SHIPPED_AUTOTUNE_DIR),
-                              ("native", locations.NATIVE_DIR),
-                              ("runtime/cpp", locations.CPP_RUNTIME_DIR)):
-        assert directory == locations.PACKAGE_DIR / folder
-        assert data[folder], folder
-    assert package / "targets" / "x86_64.toml" in data["targets"]
-    assert package / "autotune" / "x86_64" / "costmodel.json" in data["autotune"]
-    assert package / "native" / "dnnl_shim.cc" in data["native"]
-    for path in (p for paths in data.values() for p in paths):
+    # Every file of the package that is not Python is data edgec reads (dot files are for its
+    # developers: runtime/cpp/.clang-format).
+    data = sorted(p for p in package.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+                  and not p.name.startswith(".") and "__pycache__" not in p.parts)
+    for path in data:
         name = path.relative_to(source).as_posix()
         assert members.get(name) == path.read_bytes(), f"{name} is not in the wheel as it is here"
+    # Among them, everything edgec.core.locations names.
+    names = {p.relative_to(source).as_posix() for p in data}
+    for directory, example in ((locations.TARGETS_DIR, "x86_64.toml"),
+                               (locations.SHIPPED_AUTOTUNE_DIR, "x86_64/costmodel.json"),
+                               (locations.SHIPPED_AUTOTUNE_DIR, "x86_64/measurements.jsonl"),
+                               (locations.NATIVE_DIR, "dnnl_shim.cc"),
+                               (locations.CPP_RUNTIME_DIR, "edgec.h")):
+        relative = (directory / example).relative_to(locations.PACKAGE_DIR.parent).as_posix()
+        assert relative in names, relative
