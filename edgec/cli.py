@@ -468,7 +468,8 @@ def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], p
 @click.option("--seed", default=0, show_default=True, type=int)
 def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None,
              seed: int) -> None:
-    """Tune the kernels TVM generates for MODEL into the target's database (autotune/<target>/)."""
+    """Tune the kernels TVM generates for MODEL into the target's database (in the user's
+    autotune folder: $EDGEC_AUTOTUNE_DIR, default ~/.local/share/edgec/autotune/<target>/)."""
     from edgec.tools.tune import tune_model
 
     the_target = _targets_or_default((target,) if target else ())[0][0]
@@ -731,7 +732,7 @@ _costmodel_target = click.option(
               help="Hot shapes compiled static per region.")
 def costmodel_collect(target: str | None, models: str, passes: int, runs: int, batches: int,
                       max_specializations: int) -> None:
-    """Time the zoo's regions under each option; append to autotune/<target>/measurements.jsonl."""
+    """Time the zoo's regions under each option; append to the target's measurement store."""
     from edgec.driver import kernels_on_calling_thread
 
     kernels_on_calling_thread()
@@ -749,16 +750,17 @@ def costmodel_collect(target: str | None, models: str, passes: int, runs: int, b
 @costmodel.command("train")
 @_costmodel_target
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Where to write the model (default: autotune/<target>/costmodel.json).")
+              help="Where to write the model (default: the user's autotune folder, "
+                   "~/.local/share/edgec/autotune/<target>/costmodel.json).")
 def costmodel_train(target: str | None, output: Path | None) -> None:
     """Fit the cost model on the target's measurements; the learner is picked by held-out error."""
-    from edgec.costmodel.model import default_path
+    from edgec.costmodel.model import save_path
     from edgec.costmodel.store import load_measurements
     from edgec.tools.costmodel.evaluate import train
 
     loaded = _target_or_default(target)
     fitted, regions = train(loaded, load_measurements(loaded))
-    path = fitted.save(output or default_path(loaded))
+    path = fitted.save(output or save_path(loaded))
     scores = ", ".join(f"{k} rank error {v['rank_error']} log-RMSE {v['log_rmse']} MAPE {v['mape']}"
                        for k, v in fitted.training["held_out"].items())
     click.echo(f"fitted {fitted.training['learner']} on {regions} region timings of "

@@ -16,3 +16,6 @@ $edgec run "$out/$name.edgec" --inputs "$out/samples/sample_000.npz" -o "$out/ou
 $edgec bench "$out/$name.edgec" --samples "$out/samples" -o "$out/bench.json"
 $edgec report "$out/bench.json" -o "$out/report"
 cat "$out/report/report.md"
+# The commands above name .venv/bin/edgec; the README's bare `edgec` needs the venv on PATH.
+echo
+echo "edgec is installed in .venv; to run it as \`edgec\` in this shell: . .venv/bin/activate"

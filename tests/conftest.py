@@ -75,6 +75,17 @@ def mlp_artifact(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _user_state_in_tmp(tmp_path_factory):
+    """What edgec learns while the suite runs (tune records, measurements, fitted cost models)
+    goes to a folder of this session: never into the package's shipped data (tracked files in a
+    checkout) nor the user's own autotune folder. Set in the environment for the CLI's
+    subprocesses too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EDGEC_AUTOTUNE_DIR", str(tmp_path_factory.mktemp("autotune")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _measurements_in_tmp(tmp_path_factory, monkeypatch):
     """Benchmarks run by tests append to a temporary measurement store, not the committed one."""

@@ -29,7 +29,7 @@ def test_template_refers_to_scripts_and_targets_that_exist():
     for script in set(re.findall(r"scripts/[\w.-]+\.sh", text)):
         assert (ROOT / script).is_file(), script
     for target in ("x86_64", "arm64-cortex-a72"):
-        assert f"--target {target}" in text and (ROOT / "targets" / f"{target}.toml").is_file()
+        assert f"--target {target}" in text and (ROOT / "edgec" / "targets" / f"{target}.toml").is_file()
 
 
 def test_jobs_that_install_arm64_packages_run_on_debian():

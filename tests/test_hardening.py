@@ -54,12 +54,13 @@ from edgec.stages.bench import compare_outputs
 from edgec.cli import main
 from edgec.errors import (ArtifactError, ModelError, OutputFileError, SamplesError, TargetError,
                           ToolchainError)
+from edgec.core.locations import TARGETS_DIR
 from edgec.core.model import from_proto, load_model
 from edgec.core.reference import reference_session
 from edgec.runtime.artifact import FORMAT_VERSION, Artifact
 
 REPO = Path(__file__).resolve().parent.parent
-TARGETS = REPO / "targets"
+TARGETS = TARGETS_DIR
 
 
 def _edgec(*args, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from edgec.core.locations import NATIVE_DIR
 from edgec.errors import ToolchainError
 
-NATIVE_DIR = Path(__file__).resolve().parent.parent / "native"
 DNNL_INSTALL_HINT = "install libdnnl-dev: apt-get install libdnnl-dev"
 # Debian's XNNPACK (2022) and pthreadpool for arm64, next to the cross compiler: the headers land
 # in /usr/include, the libraries in /usr/lib/aarch64-linux-gnu, both on its search paths.

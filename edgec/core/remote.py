@@ -34,6 +34,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from edgec import runtime
+from edgec.core.locations import CPP_RUNTIME_DIR
 from edgec.core.targets import Target, load_target
 from edgec.errors import ArtifactError, SamplesError, TargetError, ToolchainError, describe
 from edgec.runtime.signature import TensorSpec, bind_inputs
@@ -231,7 +232,7 @@ def cpp_host(cxx: str = "g++", lib_dirs: tuple[Path, Path] | None = None) -> Pat
     """edgec's C++ host built with ``cxx`` against ``lib_dirs`` (the directories of
     ``libtvm_runtime.so`` and ``libtvm_ffi.so``; default: this Python's wheels, as the Makefile
     finds them); cached by sources and toolchain."""
-    sources = Path(runtime.__file__).resolve().parent / "cpp"
+    sources = CPP_RUNTIME_DIR
     key = hashlib.sha256(f"{cxx} {lib_dirs} {sys.executable}".encode())
     for source in sorted(sources.iterdir()):
         if source.is_file():

@@ -1,4 +1,4 @@
-"""Device descriptions: ``targets/*.toml`` files read into :class:`Target` values.
+"""Device descriptions: ``edgec/targets/*.toml`` files read into :class:`Target` values.
 
 A target is data. The code for a *kind* of target (an LLVM CPU, CUDA) lives in
 ``edgec.compiler.backends.llvm`` and is picked by the ``kind`` field.
@@ -7,17 +7,15 @@ A target is data. The code for a *kind* of target (an LLVM CPU, CUDA) lives in
 from __future__ import annotations
 
 import difflib
-import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgec.core.locations import TARGETS_DIR
 from edgec.errors import TargetError
 from edgec.runtime import best_for_host, host_arch
 
-TARGETS_DIR = Path(__file__).resolve().parents[2] / "targets"
-AUTOTUNE_DIR = Path(__file__).resolve().parents[2] / "autotune"
 KNOWN_KINDS = ("llvm", "cuda")
 KNOWN_RUN_MODES = ("local", "qemu", "rpc")
 KNOWN_LIBRARIES = ("dnnl", "xnnpack")  # [libraries]: oneDNN (x86), XNNPACK (aarch64)
@@ -51,7 +49,7 @@ class Target:
 
 def _require(doc: dict, key: str, kind: type, where: str) -> Any:
     if key not in doc:
-        raise TargetError(f"target file '{where}' lacks '{key}'; see targets/x86_64.toml")
+        raise TargetError(f"target file '{where}' lacks '{key}'; see edgec/targets/x86_64.toml")
     value = doc[key]
     if not isinstance(value, kind):
         raise TargetError(f"target file '{where}': '{key}' must be a {kind.__name__}")
@@ -146,11 +144,3 @@ def default_target(directory: Path = TARGETS_DIR) -> Target:
         raise TargetError(f"no target in '{directory}' runs on this machine ({host_arch()}); "
                           f"pass --target (see `edgec targets`)")
     return load_target(name, directory)
-
-
-def autotune_dir(target: "Target | str") -> Path:
-    """What edgec learned about a target (tuning records, measurements, cost model):
-    ``autotune/<target>/``, or ``$EDGEC_AUTOTUNE_DIR/<target>/`` when that variable is set."""
-    root = os.environ.get("EDGEC_AUTOTUNE_DIR")
-    name = target if isinstance(target, str) else target.name
-    return (Path(root) if root else AUTOTUNE_DIR) / name

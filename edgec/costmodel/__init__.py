@@ -1,7 +1,7 @@
 """The learned cost model that picks each region's static/dynamic option.
 
 - :mod:`.features`: numbers that describe a region under an option at a shape on a target.
-- :mod:`.store`: the append-only measurement store ``autotune/<target>/measurements.jsonl``.
+- :mod:`.store`: the append-only measurement store ``measurements.jsonl`` of each target.
 - :mod:`.measure`: timing each region's options on samples (``costmodel collect``, ``oracle``).
 - :mod:`.learn`: the learners (ridge, boosted trees), fitted and saved as JSON.
 - :mod:`.decide`: choosing per region the option of least expected latency under budgets.

@@ -1,7 +1,7 @@
 """A fitted cost model: region latency, compile seconds and library bytes, saved as JSON.
 
-Saved at ``autotune/<target>/costmodel.json`` (``edgec costmodel train``); the one for x86_64 is
-committed so a fresh install plans with it.
+``edgec costmodel train`` saves it in the user's autotune folder; the package ships fitted models
+for the x86 targets so a fresh install plans with them (which files: :mod:`edgec.core.locations`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from edgec.core.targets import Target, autotune_dir
+from edgec.core.locations import read_file, user_file
+from edgec.core.targets import Target
 from edgec.costmodel import learn
 from edgec.costmodel.features import FEATURE_NAMES, vector
 from edgec.costmodel.store import COSTMODEL_FILE
@@ -62,7 +63,14 @@ class CostModel:
 
 
 def default_path(target: Target | str) -> Path:
-    return autotune_dir(target) / COSTMODEL_FILE
+    """The target's model to read: the user's, else the one shipped; when there is neither, the
+    path ``save_path`` writes (which does not exist)."""
+    return read_file(target, COSTMODEL_FILE) or save_path(target)
+
+
+def save_path(target: Target | str) -> Path:
+    """Where ``edgec costmodel train`` writes the target's model: the user's autotune folder."""
+    return user_file(target, COSTMODEL_FILE)
 
 
 def load_for(target: Target) -> CostModel:

@@ -1,31 +1,28 @@
-"""The measurement store: ``autotune/<target>/measurements.jsonl``, one JSON object a line.
+"""The measurement store: ``measurements.jsonl`` per target, one JSON object a line.
 
 Append-only. A line holds what was measured (model, region, option, shape), the features the
 cost model learns from, and the timing; no clock time, so two runs on the same inputs differ only
-in their timings. ``$EDGEC_AUTOTUNE_DIR`` moves the whole ``autotune/`` folder;
-``$EDGEC_MEASUREMENTS_DIR`` moves only the measurement stores (the tests point it at a temporary
-folder so that benchmarks they run do not append to the committed store).
+in their timings. Rows are read from the store shipped with edgec and the user's, and appended to
+the user's only (which files: :mod:`edgec.core.locations`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from edgec.core.targets import Target, autotune_dir
+from edgec.core.locations import COSTMODEL_FILE, MEASUREMENTS_FILE, read_files, user_file
+from edgec.core.targets import Target
 from edgec.errors import StageInputError
 
-MEASUREMENTS_FILE = "measurements.jsonl"
-COSTMODEL_FILE = "costmodel.json"
+__all__ = ["COSTMODEL_FILE", "MEASUREMENTS_FILE", "append_measurements", "load_measurements",
+           "measurements_path"]
 
 
 def measurements_path(target: Target | str) -> Path:
-    """The target's store: ``<autotune>/<target>/measurements.jsonl`` (see the module doc)."""
-    root = os.environ.get("EDGEC_MEASUREMENTS_DIR")
-    name = target if isinstance(target, str) else target.name
-    return (Path(root) / name if root else autotune_dir(target)) / MEASUREMENTS_FILE
+    """The store ``append_measurements`` writes: the user's for the target."""
+    return user_file(target, MEASUREMENTS_FILE)
 
 
 def append_measurements(target: Target | str, rows: Iterable[dict[str, Any]]) -> Path:
@@ -42,17 +39,20 @@ def append_measurements(target: Target | str, rows: Iterable[dict[str, Any]]) ->
     return path
 
 
-def load_measurements(target: Target | str, path: Path | None = None) -> list[dict[str, Any]]:
-    """Every row of the target's store; a line cut short (an interrupted append) is skipped."""
-    path = path or measurements_path(target)
-    if not path.is_file():
+def load_measurements(target: Target | str) -> list[dict[str, Any]]:
+    """Every row of the target's stores, the shipped ones first; a line cut short (an interrupted
+    append) is skipped."""
+    paths = read_files(target, MEASUREMENTS_FILE)
+    if not paths:
         name = target if isinstance(target, str) else target.name
-        raise StageInputError(f"target '{name}' has no measurements at '{path}'; "
-                              f"run `edgec costmodel collect --target {name}` first")
+        raise StageInputError(f"target '{name}' has no measurements at "
+                              f"'{measurements_path(target)}'; run "
+                              f"`edgec costmodel collect --target {name}` first")
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
     return rows

@@ -4,7 +4,8 @@ Library dispatch sends convolutions and matmuls to oneDNN; what is left (pooling
 changes, fused elementwise chains, matmuls of targets without a library) is TVM's own code, which
 gets simple schedules unless a database holds tuned ones. ``edgec tune`` measures candidate
 schedules of exactly those kernels (the module after the pipeline's ``legalize`` phase) and
-appends every measured record to ``autotune/<target>/tuning_records.jsonl``; ``edgec build`` applies the best record per kernel.
+appends every measured record to the target's ``tuning_records.jsonl`` in the user's autotune
+folder; ``edgec build`` applies the best record per kernel.
 
 The database (its format, locking and recovery) is ``edgec.compiler.tuning_database``.
 """
@@ -26,10 +27,10 @@ from edgec.compiler import pipeline
 from edgec.compiler.backends import backend_for
 from edgec.compiler.transform.schedules import kernels_parallel
 from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
-from edgec.compiler.tuning_database import RECORDS_FILE, TuningDatabase
+from edgec.compiler.tuning_database import database_for
 from edgec.core.model import load_model
 from edgec.core.samples import load_samples
-from edgec.core.targets import Target, autotune_dir
+from edgec.core.targets import Target
 from edgec.driver import profile_and_plan
 from edgec.errors import CompileError, EdgecError, StageInputError, describe
 from edgec.runtime import best_for_host, host_arch
@@ -151,12 +152,11 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
                               f"MetaSchedule needs it: add the device's core count")
     _check_runs_here(target)
     tasks, tune_target = tuning_tasks(mod, target)
-    directory = autotune_dir(target)
-    database = TuningDatabase(directory / RECORDS_FILE)
+    database = database_for(target)
     records_before = len(database)
     before = sum(database.records_for(t.dispatched[0]) for t in tasks)
     remaining = trials - before
-    summary = TuneSummary(str(directory), len(tasks), trials, before, 0, records_before,
+    summary = TuneSummary(database.location, len(tasks), trials, before, 0, records_before,
                           records_before)
     if not tasks or remaining <= 0:
         return summary

@@ -22,6 +22,7 @@ import edgec.runtime
 from edgec.tools import tune as tune_lib
 from edgec.stages.build import build
 from edgec.compiler import tuning_database
+from edgec.core import locations
 from edgec.core.model import from_proto
 from edgec.stages.plan import plan
 from edgec.stages.profile import profile
@@ -210,6 +211,28 @@ def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
     lines = path.read_bytes().splitlines()
     assert all(json.loads(line) for line in lines)  # the torn line is gone
     assert len(tuning_database.TuningDatabase(path)) == 5
+
+
+def test_shipped_records_are_read_and_new_ones_go_to_the_users_file(tmp_path, monkeypatch):
+    """The target's database reads the records shipped with edgec and the user's; a new record
+    goes to the user's file only, with its kernel's workload line, so that file stands alone."""
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(locations, "SHIPPED_AUTOTUNE_DIR", shipped)
+    monkeypatch.setenv("EDGEC_AUTOTUNE_DIR", str(tmp_path / "user"))
+    shipped_file = shipped / TARGET / tuning_database.RECORDS_FILE
+    _record(tuning_database.TuningDatabase(shipped_file), _kernel(8), 0.002)
+    before = shipped_file.read_bytes()
+    target = load_target(TARGET)
+    database = tuning_database.open_database(target)
+    assert len(database) == 1 and database.path == tmp_path / "user" / TARGET / shipped_file.name
+    _record(database, _kernel(8), 0.001)
+    assert shipped_file.read_bytes() == before
+    alone = tuning_database.TuningDatabase(database.path)
+    assert len(alone) == 1 and alone.skipped_lines == 0 and alone.records_for(_kernel(8)) == 1
+    both = tuning_database.open_database(target)
+    assert both.records_for(_kernel(8)) == 2
+    best = both.get_top_k(both.commit_workload(_kernel(8)), 1)[0]
+    assert float(best.run_secs[0]) == pytest.approx(0.001)
 
 
 def test_tune_refuses_a_target_this_machine_cannot_run():

@@ -38,7 +38,7 @@ def _skip_reason() -> str:
     if isinstance(_capability, str):
         return f"no GPU: {_capability}"
     if gpu_target() is None:
-        return f"no target in targets/ for this {runtime.host_arch()} host and sm_{_capability[0]}{_capability[1]}"
+        return f"no target in edgec/targets/ for this {runtime.host_arch()} host and sm_{_capability[0]}{_capability[1]}"
     try:
         from edgec.compiler.backends.cuda import find_nvcc
 
