@@ -103,14 +103,24 @@ def _quantize_opts(func):
     return func
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
+def _set_debug(_ctx, _param, value: bool) -> None:
+    global _debug
+    _debug = _debug or value
+
+
+def _debug_flag() -> click.Option:
+    """``--debug``, accepted before the subcommand and after it (every command gets its own copy, by
+    ``_accept_debug_everywhere``), since the error line tells the user to rerun with it."""
+    return click.Option(["--debug"], is_flag=True, expose_value=False, is_eager=True,
+                        callback=_set_debug,
+                        help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, params=[_debug_flag()])
 @click.version_option(package_name="edgec", prog_name="edgec")
-def cli(debug: bool) -> None:
+def cli() -> None:
     """Profile, split, compile and benchmark dynamic ONNX models (or torch.export .pt2 programs)
     for edge devices."""
-    global _debug
-    _debug = _debug or debug
 
 
 @cli.group()
@@ -686,6 +696,17 @@ def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializat
         write_text(output.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
         write_text(output.with_suffix(".md"), table)
     click.echo(table)
+
+
+def _accept_debug_everywhere(group: click.Group) -> None:
+    """Give every command and subgroup below ``group`` the ``--debug`` flag."""
+    for command in group.commands.values():
+        command.params.append(_debug_flag())
+        if isinstance(command, click.Group):
+            _accept_debug_everywhere(command)
+
+
+_accept_debug_everywhere(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,9 +68,29 @@ def test_user_errors_print_one_line_exit_with_their_code_and_write_nothing(mlp_d
     assert not (tmp_path / "out.json").exists()
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    result = _edgec("--debug", "profile", tmp_path / "missing.onnx", "--samples", tmp_path, "-o", tmp_path / "o")
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_before_or_after_the_subcommand(tmp_path, where):
+    args = ["profile", tmp_path / "missing.onnx", "--samples", tmp_path, "-o", tmp_path / "o"]
+    result = _edgec(*(["--debug", *args] if where == "before" else [*args, "--debug"]))
     assert result.returncode == InputFileError.exit_code and "Traceback" in result.stderr
+
+
+def test_every_command_accepts_debug():
+    from click.testing import CliRunner
+
+    from edgec.cli import cli
+
+    for path, _command in _commands(cli):
+        result = CliRunner().invoke(cli, [*path, "--debug", "--help"])
+        assert result.exit_code == 0 and "--debug" in result.output, (path, result.output)
+
+
+def _commands(group, path=()):
+    """(path, command) for every command below a click group, subgroups included."""
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
 
 
 def test_usage_errors_exit_2_without_traceback():
