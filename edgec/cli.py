@@ -26,15 +26,15 @@ def _samples_opt(func):
                         help="A .npz file or a folder of them; keys are the model's input names.")(func)
 
 
-def _writable(_ctx, _param, path: Path) -> Path:
+def _writable(_ctx, _param, path: Path | None) -> Path | None:
     from edgec.fileio import check_writable  # checked before the command's work, not after it
 
-    return check_writable(path)
+    return None if path is None else check_writable(path)
 
 
-def _out_opt(help_text: str):
-    return click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
-                        callback=_writable, help=help_text)
+def _out_opt(help_text: str, required: bool = True):
+    return click.option("-o", "--output", "output", required=required,
+                        type=click.Path(path_type=Path), callback=_writable, help=help_text)
 
 
 def _plan_opts(func):
@@ -398,10 +398,10 @@ def _echo_quantization(quant) -> None:
               help="A .npz file keyed by input name.")
 @click.option("--target", default=None, help="Run this target's library (default: this host's).")
 @_require_signature_opt
-@_out_opt("Where to write the outputs (.npz keyed by output name).")
+@_out_opt("Also write the outputs here (.npz keyed by output name).", required=False)
 def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: Path | None,
-            output: Path) -> None:
-    """Run an artifact on one set of inputs."""
+            output: Path | None) -> None:
+    """Run an artifact on one set of inputs; print each output (name, dtype, shape, a few values)."""
     from edgec.core import remote
     from edgec.fileio import atomic_write
     from edgec.core.samples import read_npz, sample_files
@@ -415,9 +415,24 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
         with open(tmp, "wb") as handle:
             np.savez(handle, **outputs)
 
-    atomic_write(output, write)
+    if output is not None:
+        atomic_write(output, write)
     for name, value in outputs.items():
-        click.echo(f"{name}: {value.dtype} {list(value.shape)}")
+        click.echo(_describe_output(name, value))
+    if output is not None:
+        click.echo(f"wrote {output}")
+
+
+def _describe_output(name: str, value: np.ndarray) -> str:
+    """One output on one line, as iree-run-module shows it: name, dtype, shape, the first and last
+    values in memory order (numpy's summarised print) and, for numbers, min, max and mean."""
+    with np.printoptions(threshold=6, edgeitems=3, precision=4, linewidth=10**6):
+        values = " ".join(np.array2string(value.ravel(), separator=", ").split())
+    line = f"{name}: {value.dtype} {list(value.shape)} {values}"
+    if value.size and value.dtype.kind in "biuf":
+        line += (f" min {value.min():.4g} max {value.max():.4g} mean "
+                 f"{value.mean(dtype=np.float64):.4g}")
+    return line
 
 
 @cli.command("bench")

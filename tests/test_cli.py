@@ -110,3 +110,17 @@ def test_an_unusable_output_path_is_refused_before_any_work(tmp_path, command, w
     assert result.returncode == OutputFileError.exit_code, result.stderr
     assert result.stderr.startswith(f"edgec: error: cannot write '{output}'")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_run_without_output_prints_each_output(mlp_artifact, tmp_path, capsys):
+    """`edgec run` without -o prints every output's name, dtype, shape and a few values; it writes
+    no file."""
+    inputs = tmp_path / "in.npz"
+    x = np.arange(2 * 3 * 16, dtype=np.float32).reshape(2, 3, 16) / 100
+    np.savez(inputs, x=x)
+    capsys.readouterr()
+    assert main(["run", str(mlp_artifact), "--inputs", str(inputs)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 1 and shown[0].startswith("y: float32 [2, 3, 8] [")
+    assert "..." in shown[0] and " min " in shown[0] and " max " in shown[0]
+    assert list(tmp_path.iterdir()) == [inputs]
