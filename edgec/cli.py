@@ -243,10 +243,11 @@ def _say_default(target) -> None:
 @cli.command("quantize")
 @_model_arg
 @click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @_quantize_opts
 @_out_opt("Where to write the quantization decisions (JSON).")
-def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: str,
+def quantize_cmd(model: Path, profile_path: Path, target: str | None, quantize_mode: str,
                  max_accuracy_drop: float, calibration: str, quant_scheme: str,
                  held_out_path: Path | None, output: Path) -> None:
     """Decide each layer's precision within the accuracy budget (simulated on held-out samples)."""
@@ -254,7 +255,6 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
     from edgec.stages.profile import Profile
     from edgec.stages.quantize import QuantizeSettings, quantize
     from edgec.core.samples import load_samples
-    from edgec.core.targets import load_target
 
     settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
     settings.check()
@@ -262,7 +262,8 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
         raise EdgecError("`edgec quantize` needs --held-out-samples for its accuracy guard")
     loaded = load_model(model)
     held_out = load_samples(held_out_path, loaded) if held_out_path is not None else []
-    result = quantize(loaded, Profile.load(profile_path), load_target(target), settings, held_out)
+    result = quantize(loaded, Profile.load(profile_path), _target_or_default(target), settings,
+                      held_out)
     result.save(output)
     _echo_quantization(result)
 
@@ -566,21 +567,23 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
 @cli.command("debug")
 @_model_arg
 @_samples_opt
-@click.option("--target", required=True, help="A target name or a .toml file.")
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @click.option("--tolerance", default=1e-4, show_default=True, type=float,
               help="Max abs difference relative to each activation's scale.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the per-node table as JSON.")
-def debug_cmd(model: Path, samples_path: Path, target: str, tolerance: float, output: Path | None) -> None:
+def debug_cmd(model: Path, samples_path: Path, target: str | None, tolerance: float,
+              output: Path | None) -> None:
     """Name the first node (and region) whose compiled output diverges from the reference."""
     from edgec.tools.debug import debug
     from edgec.fileio import write_text
     from edgec.core.model import load_model
     from edgec.core.samples import load_samples
-    from edgec.core.targets import load_target
 
+    the_target = _target_or_default(target)
     loaded = load_model(model)
-    result = debug(loaded, load_samples(samples_path, loaded), load_target(target), tolerance)
+    result = debug(loaded, load_samples(samples_path, loaded), the_target, tolerance)
     if output is not None:
         write_text(output, json.dumps(result.to_json(), indent=1) + "\n")
     for row in sorted(result.nodes, key=lambda r: -r["max_rel"])[:10]:

@@ -124,3 +124,21 @@ def test_run_without_output_prints_each_output(mlp_artifact, tmp_path, capsys):
     assert len(shown) == 1 and shown[0].startswith("y: float32 [2, 3, 8] [")
     assert "..." in shown[0] and " min " in shown[0] and " max " in shown[0]
     assert list(tmp_path.iterdir()) == [inputs]
+
+
+def test_no_command_requires_target():
+    """--target defaults to this machine's best target wherever a command takes one."""
+    from edgec.cli import cli
+
+    for path, command in _commands(cli):
+        for param in command.params:
+            assert not ("--target" in param.opts and param.required), path
+
+
+def test_debug_defaults_to_this_machines_target(mlp_dir, capsys):
+    from edgec.core.targets import default_target
+
+    assert main(["debug", str(mlp_dir / "model.onnx"), "--samples", str(mlp_dir / "samples")]) == 0
+    captured = capsys.readouterr()
+    assert f"target: {default_target().name} (default" in captured.err
+    assert "no divergence" in captured.out
