@@ -518,12 +518,21 @@ def keygen_cmd(output: Path) -> None:
 
 @cli.command("targets")
 def targets_cmd() -> None:
-    """List the known targets."""
-    from edgec.core.targets import list_targets
+    """List the known targets; * marks the one commands use when --target is left out."""
+    from edgec.core.targets import default_target, list_targets
+    from edgec.errors import TargetError
 
-    for target in list_targets():
-        click.echo(f"{target.name:20s} {target.kind:6s} {target.arch:8s} "
-                   f"{target.run.get('mode', 'local'):6s} {target.description}")
+    try:
+        default = default_target().name
+    except TargetError:  # no target runs on this machine: every command then needs --target
+        default = None
+    click.echo(f"  {'NAME':20s} {'KIND':6s} {'ARCH':8s} {'RUN':6s} DESCRIPTION")
+    for t in list_targets():
+        mark = "*" if t.name == default else " "
+        click.echo(f"{mark} {t.name:20s} {t.kind:6s} {t.arch:8s} {t.run.get('mode', 'local'):6s} "
+                   f"{t.description}")
+    click.echo("* this machine's default target" if default else
+               "no target runs on this machine: pass --target to every command")
 
 
 @cli.command("inspect")

@@ -47,8 +47,13 @@ def test_stage_by_stage_matches_compile(mlp_dir, tmp_path, capsys):
 
 
 def test_targets_and_version(capsys):
+    from edgec.core.targets import default_target
+
     assert main(["targets"]) == 0
-    assert "x86_64" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "KIND", "ARCH", "RUN", "DESCRIPTION"]
+    marked = [line.split()[1] for line in lines[1:-1] if line.startswith("* ")]
+    assert marked == [default_target().name] and lines[-1] == "* this machine's default target"
     assert main(["--version"]) == 0
 
 
