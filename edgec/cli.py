@@ -37,6 +37,11 @@ def _out_opt(help_text: str, required: bool = True):
                         type=click.Path(path_type=Path), callback=_writable, help=help_text)
 
 
+def _profile_opt(func):
+    return click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path),
+                        help="The profile from `edgec profile` (JSON).")(func)
+
+
 def _plan_opts(func):
     func = click.option("--policy", default="specialize-seen", show_default=True,
                         type=click.Choice(["auto", "symbolic", "specialize-seen",
@@ -141,7 +146,8 @@ def zoo_list() -> None:
 @zoo.command("export")
 @click.argument("name")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Folder to write.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the model's weights and its samples (same seed, same files).")
 @click.option("--count", default=None, type=int, help="Number of samples (default: the model's).")
 def zoo_export(name: str, output: Path, seed: int, count: int | None) -> None:
     """Write NAME's model.onnx and samples/ into a folder."""
@@ -176,7 +182,7 @@ def _note_reference_error(prof) -> None:
 
 @cli.command("plan")
 @_model_arg
-@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
+@_profile_opt
 @click.option("--target", default=None,
               help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
@@ -242,7 +248,7 @@ def _say_default(target) -> None:
 
 @cli.command("quantize")
 @_model_arg
-@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
+@_profile_opt
 @click.option("--target", default=None,
               help="A target name or a .toml file (default: the best target this machine runs).")
 @_quantize_opts
@@ -270,7 +276,8 @@ def quantize_cmd(model: Path, profile_path: Path, target: str | None, quantize_m
 
 @cli.command("build")
 @_model_arg
-@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path),
+              help="The plan from `edgec plan` (JSON): regions and their specializations.")
 @click.option("--target", "targets", multiple=True,
               help="Repeat for several targets (default: the best target this machine runs).")
 @click.option("--quantization", "quantization_path", type=click.Path(path_type=Path), default=None,
@@ -363,7 +370,8 @@ def compile_cmd(model: Path, samples_path: Path, targets: tuple[str, ...], polic
                    "rerunning after a kill spends only the missing ones.")
 @click.option("--samples", "samples_path", default=None, type=click.Path(path_type=Path),
               help="Sample inputs of a dynamic model: the shapes the plan specializes are tuned.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of MetaSchedule's search (same seed, same candidates tried).")
 def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None,
              seed: int) -> None:
     """Tune the kernels TVM generates for MODEL into the target's database (autotune/<target>/)."""
@@ -694,7 +702,8 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
 @click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
                                                           "every measured zoo model but the "
                                                           "calibration suite's).")
-@click.option("--max-specializations", default=3, show_default=True, type=int)
+@click.option("--max-specializations", default=3, show_default=True, type=int,
+              help="At most this many shapes per region get a static function in each plan.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the result: NAME.json and NAME.md.")
 def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,

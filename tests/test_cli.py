@@ -147,3 +147,15 @@ def test_debug_defaults_to_this_machines_target(mlp_dir, capsys):
     captured = capsys.readouterr()
     assert f"target: {default_target().name} (default" in captured.err
     assert "no divergence" in captured.out
+
+
+def test_every_option_has_help():
+    """`edgec X --help` explains every option (arguments are named in the command's docstring)."""
+    import click
+
+    from edgec.cli import cli
+
+    missing = [(path, param.opts) for path, command in [((), cli), *_commands(cli)]
+               for param in command.params
+               if isinstance(param, click.Option) and not (param.help or "").strip()]
+    assert not missing, missing
