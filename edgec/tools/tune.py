@@ -64,6 +64,29 @@ def _pickle_workers_by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+# --- schedule rules: TOPI's pooling asks for rules this TVM build does not register on CPU ---
+
+# TOPI marks pooling blocks with ``schedule_rule = "meta_schedule.<one of these>"``. TVM registers
+# no function of that name for CPU targets, so MetaSchedule logs "Unknown schedule rule" for each
+# pooling block it visits, drops the mark, and schedules the block with its generic rules.
+# Registering each rule as exactly that (drop the mark, keep the schedule) leaves the design
+# spaces and the kernels' workload hashes (database keys) as they were, without the warning.
+_POOL_RULES = ("pool_max", "pool_avg", "adaptive_pool_max", "adaptive_pool_avg")
+
+
+def _generic_rules(sch: Any, block: Any) -> list:
+    sch.unannotate(block, "schedule_rule")
+    return [sch]
+
+
+def register_pool_rules() -> None:
+    """Register TOPI's pooling schedule rules for CPU targets where TVM has none (idempotent)."""
+    for rule in _POOL_RULES:
+        name = f"s_tir.meta_schedule.cpu.meta_schedule.{rule}"
+        if tvm.get_global_func(name, allow_missing=True) is None:
+            tvm.register_global_func(name, _generic_rules)
+
+
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """A progress line on stderr after each measured batch: trials done, valid ones, best time."""
@@ -151,6 +174,7 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
                               f"MetaSchedule needs it: add the device's core count")
     _check_runs_here(target)
     tasks, tune_target = tuning_tasks(mod, target)
+    register_pool_rules()
     directory = autotune_dir(target)
     database = TuningDatabase(directory / RECORDS_FILE)
     records_before = len(database)

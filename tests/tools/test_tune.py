@@ -87,6 +87,7 @@ def _run_tune(model_path: Path, db_root: Path, trials: int, seed: int = 0) -> st
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "tuning [" in result.stderr  # the progress line
+    assert "Unknown schedule rule" not in result.stderr  # TOPI's pool_max rule is registered
     return result.stdout
 
 
@@ -215,3 +216,36 @@ def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
 def test_tune_refuses_a_target_this_machine_cannot_run():
     with pytest.raises(tune_lib.StageInputError, match="cannot run on this machine"):
         tune_lib.tune(None, load_target("arm64-cortex-a72"), trials=4)
+
+
+@pytest.mark.slow
+def test_pool_schedule_rules_are_registered_without_changing_the_design_space(capfd):
+    """TOPI marks pooling blocks with "meta_schedule.pool_max", which TVM registers for no CPU
+    target: MetaSchedule warned per block, then scheduled it with its generic rules. edgec
+    registers the rule as that: the same design spaces, and no warning."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgec.compiler import pipeline
+
+    tasks, tune_target = tune_lib.tuning_tasks(
+        pipeline.import_model(from_proto(pool_model(), "pool")), load_target(TARGET))
+
+    def spaces() -> list[str]:
+        found = []
+        for task in tasks:
+            generator = ms.space_generator.PostOrderApply(
+                sch_rules=[ms.schedule_rule.ApplyCustomRule()], postprocs=[], mutator_probs={})
+            context = ms.TuneContext(mod=task.dispatched[0], target=tune_target,
+                                     space_generator=generator)
+            found += [str(space.mod) for space in context.generate_design_space()]
+        return found
+
+    name = "s_tir.meta_schedule.cpu.meta_schedule.pool_max"
+    if tvm.get_global_func(name, allow_missing=True) is not None:
+        pytest.skip("registered earlier in this process: nothing to compare against")
+    unregistered = spaces()
+    assert "Unknown schedule rule" in capfd.readouterr().err
+    tune_lib.register_pool_rules()
+    assert spaces() == unregistered
+    assert "Unknown schedule rule" not in capfd.readouterr().err
