@@ -105,7 +105,8 @@ def test_tune_records_and_build_applies_them(model_path, tmp_path, monkeypatch):
     tuning = artifact.manifest["libraries"][TARGET]["tuning"]
     assert tuning["database"] == str(db_root / TARGET)
     assert tuning["records"] == len(records)
-    assert 1 <= tuning["tuned_kernels"] <= tuning["kernels"]
+    # 4 trials over 2 kernels: 2 each (before, the first kernel's batch took all 4)
+    assert tuning["tuned_kernels"] == tuning["kernels"] == 2
     path = artifact.save(tmp_path / "pool.edgec")
     got = edgec.runtime.load(path, target=TARGET).run({"x": x})["y"]
     want = ort.InferenceSession(pool_model().SerializeToString()).run(None, {"x": x})[0]
@@ -216,6 +217,19 @@ def test_database_file_survives_torn_lines_and_shared_writers(tmp_path):
 def test_tune_refuses_a_target_this_machine_cannot_run():
     with pytest.raises(tune_lib.StageInputError, match="cannot run on this machine"):
         tune_lib.tune(None, load_target("arm64-cortex-a72"), trials=4)
+
+
+@pytest.mark.parametrize("remaining, kernels, before, per_round, says", [
+    (8, 6, 0, 1, "8 trials for 6 kernels: 1 for each in turn, then the other 2 to the kernels"),
+    (64, 6, 0, 10, "64 trials for 6 kernels: 10 for each in turn, then the other 4"),
+    (200, 2, 0, 16, "200 trials for 2 kernels: 16 for each in turn, then the other 168"),
+    (4, 6, 3, 1, "warning: 4 trials for 6 kernels: 2 get no trial and keep the default schedule; "
+                 "pass --trials 9 or more"),
+])
+def test_trials_are_split_over_kernels_and_said_up_front(remaining, kernels, before, per_round,
+                                                         says):
+    got_per_round, line = tune_lib.split_trials(remaining, kernels, before)
+    assert got_per_round == per_round and line.startswith(says) and "\n" not in line
 
 
 @pytest.mark.slow
