@@ -43,6 +43,7 @@ from edgec.compiler.transform.branch_storage import after_memory_planning
 from edgec.compiler.transform.fast_math import FastMath
 from edgec.compiler.transform.fp16 import FP16
 from edgec.compiler.transform.native_kernels import NativeKernels
+from edgec.compiler.transform.safe_take import ClipTakes
 from edgec.compiler.transform.quantized import Int8Lowering, QuantizedLowering
 from edgec.compiler.transform.schedules import (ApplyTuningDatabase, CPUSchedules, KernelCount,
                                                 kernels_parallel)
@@ -142,7 +143,7 @@ def _tvm_lowering(kind: str):
 
 def prepare_passes(backend: Backend, target: Target, options: Options, record: Record) -> list:
     """The Relax rewrites before TVM legalizes: what edgec decides about the program."""
-    passes = [UniqueVars]
+    passes = [UniqueVars, ClipTakes]
     rules = backend.library_rules(target)
     quantized = options.quantized
     int8 = quantized is not None and quantized.mode != "fp16"
