@@ -143,7 +143,7 @@ def _tvm_lowering(kind: str):
 
 def prepare_passes(backend: Backend, target: Target, options: Options, record: Record) -> list:
     """The Relax rewrites before TVM legalizes: what edgec decides about the program."""
-    passes = [UniqueVars, ClipTakes]
+    passes = [UniqueVars]
     rules = backend.library_rules(target)
     quantized = options.quantized
     int8 = quantized is not None and quantized.mode != "fp16"
@@ -165,6 +165,7 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
         passes.append(Int8Lowering(quantized.proto, quantized, record.quantized_calls))
     elif quantized is not None and backend.fp16:
         passes.append(FP16(quantized.layers("fp16"), record.quantized_calls, target.name))
+    passes.append(ClipTakes)  # after every pass that adds a take (layout, int8 embeddings)
     passes.append(NativeKernels(backend.native_kernels, target.name))  # legalizes
     passes.append(UnfusedShapeReads)
     return passes

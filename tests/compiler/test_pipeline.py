@@ -36,17 +36,17 @@ def test_cpu_phases_with_the_library_route():
     phases = pipeline.phases(backend_for(target), target, pipeline.Options(), pipeline.Record())
     assert [p.name for p in phases] == ["prepare", "legalize", "tune", "schedule", "lower"]
     assert _prepare(phases) == [
-        "edgec.UniqueVars", "edgec.ClipTakes", "edgec.library_offload.Canonicalize",
+        "edgec.UniqueVars", "edgec.library_offload.Canonicalize",
         "edgec.library_offload.Offload", "edgec.library_offload.PropagateLayout",
-        "edgec.FastMath", "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
+        "edgec.FastMath", "edgec.ClipTakes", "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
 
 
 def test_a_cpu_target_without_libraries_offloads_nothing():
     target = dataclasses.replace(load_target("x86_64"), libraries={})
     prepare = _prepare(pipeline.phases(backend_for(target), target, pipeline.Options(),
                                        pipeline.Record()))
-    assert prepare == ["edgec.UniqueVars", "edgec.ClipTakes", "edgec.FastMath", "edgec.NativeKernels",
-                       "edgec.UnfusedShapeReads"]
+    assert prepare == ["edgec.UniqueVars", "edgec.FastMath", "edgec.ClipTakes",
+                       "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
 
 
 def test_gpu_phases_come_from_the_backends_capabilities():
