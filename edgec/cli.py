@@ -448,7 +448,8 @@ def _describe_output(name: str, value: np.ndarray) -> str:
 @click.argument("artifact", type=click.Path(path_type=Path))
 @_samples_opt
 @click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
-              help="The ONNX model for the onnxruntime baseline (default: the one it was built from).")
+              help="The model the artifact was built from, .onnx or .pt2 (default: its path "
+                   "as the manifest records it).")
 @click.option("--runs", default=10, show_default=True, type=int, help="Measured calls per sample.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Unmeasured calls per sample.")
 @click.option("--threads", default=2, show_default=True, type=int, help="Threads for both runtimes.")
@@ -460,7 +461,8 @@ def _describe_output(name: str, value: np.ndarray) -> str:
 def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs: int, warmup: int,
               threads: int, target: str | None, baselines: str, public_key: Path | None,
               output: Path) -> None:
-    """Measure latency and accuracy against onnxruntime in the same run."""
+    """Measure latency and accuracy against onnxruntime (torch for a .pt2 program) in the same
+    run."""
     from edgec.driver import benchmark
     from edgec.stages.bench import BenchSettings
     from edgec.core.model import load_model
@@ -478,9 +480,12 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
     result = benchmark(artifact, loaded, load_samples(samples_path, loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
+    for note in result.data.get("notes", []):
+        click.echo(f"note: {note}", err=True)
+    reference = result.data.get("reference", "onnxruntime")
     click.echo(
-        f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, onnxruntime p50 "
-        f"{result['onnxruntime']['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
+        f"edgec p50 {result['edgec']['p50_ms']:.3f} ms, {reference} p50 "
+        f"{result[reference]['p50_ms']:.3f} ms, ratio {result['ratio_p50']:.3f}, "
         f"max abs diff {result['accuracy']['max_abs']:.3g}"
     )
 
@@ -495,12 +500,18 @@ def bench_cmd(artifact: Path, samples_path: Path, model_path: Path | None, runs:
 def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | None,
                max_regression: str) -> None:
     """Render bench results as Markdown, HTML, CSV and JSON; optionally gate on a baseline."""
+    from edgec.errors import StageInputError
     from edgec.stages.bench import BenchResult
     from edgec.fileio import write_text
     from edgec.stages.report import RegressionError, compare, load_baseline, parse_margin, report
 
     margin = parse_margin(max_regression)
     loaded = [BenchResult.load(p) for p in results]
+    against_torch = [str(p) for p, r in zip(results, loaded) if r.data.get("reference") == "torch"]
+    if against_torch:  # bench of a .pt2 program: no onnxruntime column to fill
+        raise StageInputError(f"{', '.join(against_torch)}: measured against torch (a PyTorch "
+                              f"program), and the report's tables are against onnxruntime; read "
+                              f"the bench JSON, or bench the model's ONNX export")
     written = report(loaded).save(output)
     click.echo("wrote " + ", ".join(str(p) for p in written))
     if baseline_path is not None:

@@ -18,7 +18,8 @@ from torch._higher_order_ops import while_loop  # noqa: E402
 from edgec import runtime  # noqa: E402
 from edgec.stages.build import build  # noqa: E402
 from edgec.cli import main  # noqa: E402
-from edgec.errors import InputFileError, ModelError  # noqa: E402
+from edgec.errors import InputFileError, ModelError, StageInputError  # noqa: E402
+from edgec.stages.bench import BenchResult  # noqa: E402
 from edgec.core.model import load_model  # noqa: E402
 from edgec.stages.plan import plan  # noqa: E402
 from edgec.stages.profile import profile  # noqa: E402
@@ -199,8 +200,16 @@ def test_cli_compiles_a_pt2_file(mlp_program, tmp_path):
     x = _normal((5, 8), 60)
     y = runtime.load(tmp_path / "a.edgec").run({"x": x})["output_0"]
     np.testing.assert_allclose(y, _eager(mlp_program, x)[0], rtol=1e-4, atol=1e-5)
-    # bench and debug compare with onnxruntime: a torch program gets a one-line refusal.
-    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples)]) == 2
+    # bench's reference is the program run eagerly by torch (no ONNX model for onnxruntime)
+    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples), "--runs", "2",
+                 "--baselines", "onnxruntime,tvm-plain", "-o", str(tmp_path / "r.json")]) == 0
+    result = BenchResult.load(tmp_path / "r.json")
+    assert result["reference"] == "torch" and list(result["baselines"]) == ["torch", "tvm-plain"]
+    assert result["accuracy"]["max_abs"] < 1e-4 and "onnxruntime" not in result.data
+    assert "not run, for want of an ONNX model: onnxruntime" in result["notes"][0]
+    # report's tables are against onnxruntime: one line, not a KeyError
+    assert main(["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "rep")]) == \
+        StageInputError.exit_code
 
 
 def test_unsupported_op_names_node_and_op():
