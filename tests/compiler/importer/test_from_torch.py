@@ -212,6 +212,20 @@ def test_cli_compiles_a_pt2_file(mlp_program, tmp_path):
         StageInputError.exit_code
 
 
+def test_debug_compares_every_node_with_torch_and_leaves_the_program_as_it_was(mlp_program):
+    from edgec.core.torch_program import serialized
+    from edgec.tools.debug import debug
+
+    before = serialized(mlp_program)
+    samples = [Sample(f"s{i}", {"x": _normal((b, 8), b)}) for i, b in enumerate((4, 4, 2))]
+    result = debug(from_program(mlp_program, "mlp"), samples, load_target("x86_64"))
+    assert result.first is None
+    assert [row["node"] for row in result.nodes] == ["linear", "gelu", "linear_1"]
+    assert all(row["region"] == "main" and row["max_rel"] < 1e-4 for row in result.nodes)
+    assert serialized(mlp_program) == before
+    assert len(from_program(mlp_program, "mlp").outputs) == 1
+
+
 def test_unsupported_op_names_node_and_op():
     class Spectrum(torch.nn.Module):
         def forward(self, x):
