@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -344,3 +346,31 @@ def test_import_after_the_runtime_loaded_tvm_ffi_without_torch(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def _readme_torch_example() -> tuple[str, list[str]]:
+    """The README's torch example: the script (its python block) and the commands after it."""
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    script = text.split("```python\n# torch_example.py", 1)[1].split("```", 1)[0]
+    commands = text.split("```sh\npython torch_example.py\n", 1)[1].split("```", 1)[0]
+    return "# torch_example.py" + script, [line.split("#")[0].split() for line in
+                                           commands.splitlines() if line.strip()]
+
+
+@pytest.mark.slow  # fresh processes importing torch and TVM
+def test_the_readme_torch_example_runs_as_written(tmp_path):
+    """The README's example script, then its compile, bench and debug of the .pt2 it saved."""
+    script, commands = _readme_torch_example()
+    (tmp_path / "torch_example.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    run = subprocess.run([sys.executable, "torch_example.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "output_0" in run.stdout and (tmp_path / "net.pt2").is_file()
+    assert [c[:2] for c in commands] == [["edgec", "compile"], ["edgec", "bench"],
+                                        ["edgec", "debug"]]
+    for command in commands:
+        run = subprocess.run([sys.executable, "-m", "edgec", *command[1:]], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+    assert "no divergence" in run.stdout
