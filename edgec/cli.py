@@ -130,15 +130,20 @@ def _samples_opt(func):
                         help="Without --samples: the random inputs' seed.")(command)
 
 
-def _writable(_ctx, _param, path: Path) -> Path:
+def _writable(_ctx, _param, path: Path | None) -> Path | None:
     from edgec.fileio import check_writable  # checked before the command's work, not after it
 
-    return check_writable(path)
+    return None if path is None else check_writable(path)
 
 
-def _out_opt(help_text: str):
-    return click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
-                        callback=_writable, help=help_text)
+def _out_opt(help_text: str, required: bool = True):
+    return click.option("-o", "--output", "output", required=required,
+                        type=click.Path(path_type=Path), callback=_writable, help=help_text)
+
+
+def _profile_opt(func):
+    return click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path),
+                        help="The profile from `edgec profile` (JSON).")(func)
 
 
 def _plan_opts(func):
@@ -215,14 +220,24 @@ def _quantize_opts(func):
     return func
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
+def _set_debug(_ctx, _param, value: bool) -> None:
+    global _debug
+    _debug = _debug or value
+
+
+def _debug_flag() -> click.Option:
+    """``--debug``, accepted before the subcommand and after it (every command gets its own copy, by
+    ``_accept_debug_everywhere``), since the error line tells the user to rerun with it."""
+    return click.Option(["--debug"], is_flag=True, expose_value=False, is_eager=True,
+                        callback=_set_debug,
+                        help="Show the full traceback on errors (or set EDGEC_DEBUG=1).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, params=[_debug_flag()])
 @click.version_option(package_name="edgec", prog_name="edgec")
-def cli(debug: bool) -> None:
+def cli() -> None:
     """Profile, split, compile and benchmark dynamic ONNX models (or torch.export .pt2 programs)
     for edge devices."""
-    global _debug
-    _debug = _debug or debug
 
 
 @cli.group()
@@ -243,7 +258,8 @@ def zoo_list() -> None:
 @zoo.command("export")
 @click.argument("name")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Folder to write.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the model's weights and its samples (same seed, same files).")
 @click.option("--count", default=None, type=int, help="Number of samples (default: the model's).")
 def zoo_export(name: str, output: Path, seed: int, count: int | None) -> None:
     """Write NAME's model.onnx and samples/ into a folder."""
@@ -277,7 +293,7 @@ def _note_reference_error(prof) -> None:
 
 @cli.command("plan")
 @_model_arg
-@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
+@_profile_opt
 @click.option("--target", default=None,
               help="A target name or a .toml file (default: the best target this machine runs).")
 @_plan_opts
@@ -343,11 +359,12 @@ def _say_default(target) -> None:
 
 @cli.command("quantize")
 @_model_arg
-@click.option("--profile", "profile_path", required=True, type=click.Path(path_type=Path))
-@click.option("--target", required=True, help="A target name (see `edgec targets`) or a .toml file.")
+@_profile_opt
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @_quantize_opts
 @_out_opt("Where to write the quantization decisions (JSON).")
-def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: str,
+def quantize_cmd(model: Path, profile_path: Path, target: str | None, quantize_mode: str,
                  max_accuracy_drop: float, calibration: str, quant_scheme: str,
                  held_out_path: Path | None, output: Path) -> None:
     """Decide each layer's precision within the accuracy budget (simulated on held-out samples)."""
@@ -355,7 +372,6 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
     from edgec.stages.profile import Profile
     from edgec.stages.quantize import QuantizeSettings, quantize
     from edgec.core.samples import load_samples
-    from edgec.core.targets import load_target
 
     settings = QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme)
     settings.check()
@@ -363,14 +379,16 @@ def quantize_cmd(model: Path, profile_path: Path, target: str, quantize_mode: st
         raise EdgecError("`edgec quantize` needs --held-out-samples for its accuracy guard")
     loaded = load_model(model)
     held_out = load_samples(held_out_path, loaded) if held_out_path is not None else []
-    result = quantize(loaded, Profile.load(profile_path), load_target(target), settings, held_out)
+    result = quantize(loaded, Profile.load(profile_path), _target_or_default(target), settings,
+                      held_out)
     result.save(output)
     _echo_quantization(result)
 
 
 @cli.command("build")
 @_model_arg
-@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path),
+              help="The plan from `edgec plan` (JSON): regions and their specializations.")
 @click.option("--target", "targets", multiple=True,
               help="Repeat for several targets (default: the best target this machine runs).")
 @click.option("--quantization", "quantization_path", type=click.Path(path_type=Path), default=None,
@@ -465,7 +483,8 @@ def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], p
                    "rerunning after a kill spends only the missing ones.")
 @click.option("--samples", "samples_path", default=None, type=click.Path(path_type=Path),
               help="Sample inputs of a dynamic model: the shapes the plan specializes are tuned.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of MetaSchedule's search (same seed, same candidates tried).")
 def tune_cmd(model: Path, target: str | None, trials: int, samples_path: Path | None,
              seed: int) -> None:
     """Tune the kernels TVM generates for MODEL into the target's database (in the user's
@@ -502,10 +521,10 @@ def _echo_quantization(quant) -> None:
               help="A .npz file keyed by input name.")
 @click.option("--target", default=None, help="Run this target's library (default: this host's).")
 @_require_signature_opt
-@_out_opt("Where to write the outputs (.npz keyed by output name).")
+@_out_opt("Also write the outputs here (.npz keyed by output name).", required=False)
 def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: Path | None,
-            output: Path) -> None:
-    """Run an artifact on one set of inputs."""
+            output: Path | None) -> None:
+    """Run an artifact on one set of inputs; print each output (name, dtype, shape, a few values)."""
     from edgec.core import remote
     from edgec.fileio import atomic_write
     from edgec.core.samples import read_npz, sample_files
@@ -519,16 +538,32 @@ def run_cmd(artifact: Path, inputs_path: Path, target: str | None, public_key: P
         with open(tmp, "wb") as handle:
             np.savez(handle, **outputs)
 
-    atomic_write(output, write)
+    if output is not None:
+        atomic_write(output, write)
     for name, value in outputs.items():
-        click.echo(f"{name}: {value.dtype} {list(value.shape)}")
+        click.echo(_describe_output(name, value))
+    if output is not None:
+        click.echo(f"wrote {output}")
+
+
+def _describe_output(name: str, value: np.ndarray) -> str:
+    """One output on one line, as iree-run-module shows it: name, dtype, shape, the first and last
+    values in memory order (numpy's summarised print) and, for numbers, min, max and mean."""
+    with np.printoptions(threshold=6, edgeitems=3, precision=4, linewidth=10**6):
+        values = " ".join(np.array2string(value.ravel(), separator=", ").split())
+    line = f"{name}: {value.dtype} {list(value.shape)} {values}"
+    if value.size and value.dtype.kind in "biuf":
+        line += (f" min {value.min():.4g} max {value.max():.4g} mean "
+                 f"{value.mean(dtype=np.float64):.4g}")
+    return line
 
 
 @cli.command("bench")
 @click.argument("artifact", type=click.Path(path_type=Path))
 @_samples_opt
 @click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
-              help="The ONNX model for the onnxruntime baseline (default: the one it was built from).")
+              help="The model the artifact was built from, .onnx or .pt2 (default: its path "
+                   "as the manifest records it).")
 @click.option("--runs", default=10, show_default=True, type=int, help="Measured calls per sample.")
 @click.option("--min-seconds", default=0.0, show_default=True, type=float,
               help="Repeat passes of --runs calls per sample until each system has run this "
@@ -544,7 +579,8 @@ def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, r
               min_seconds: float, warmup: int, threads: int, target: str | None, baselines: str,
               public_key: Path | None,
               output: Path) -> None:
-    """Measure latency and accuracy against onnxruntime in the same run."""
+    """Measure latency and accuracy against onnxruntime (torch for a .pt2 program) in the same
+    run."""
     from edgec.driver import benchmark
     from edgec.stages.bench import BenchSettings, summary_line
     from edgec.core.model import load_model
@@ -563,6 +599,8 @@ def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, r
     result = benchmark(artifact, loaded, samples.read(loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)
     result.save(output)
+    for note in result.data.get("notes", []):
+        click.echo(f"note: {note}", err=True)
     click.echo(summary_line(result))
 
 
@@ -576,12 +614,18 @@ def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, r
 def report_cmd(results: tuple[Path, ...], output: Path, baseline_path: Path | None,
                max_regression: str) -> None:
     """Render bench results as Markdown, HTML, CSV and JSON; optionally gate on a baseline."""
+    from edgec.errors import StageInputError
     from edgec.stages.bench import BenchResult
     from edgec.fileio import write_text
     from edgec.stages.report import RegressionError, compare, load_baseline, parse_margin, report
 
     margin = parse_margin(max_regression)
     loaded = [BenchResult.load(p) for p in results]
+    against_torch = [str(p) for p, r in zip(results, loaded) if r.data.get("reference") == "torch"]
+    if against_torch:  # bench of a .pt2 program: no onnxruntime column to fill
+        raise StageInputError(f"{', '.join(against_torch)}: measured against torch (a PyTorch "
+                              f"program), and the report's tables are against onnxruntime; read "
+                              f"the bench JSON, or bench the model's ONNX export")
     written = report(loaded).save(output)
     click.echo("wrote " + ", ".join(str(p) for p in written))
     if baseline_path is not None:
@@ -607,12 +651,21 @@ def keygen_cmd(output: Path) -> None:
 
 @cli.command("targets")
 def targets_cmd() -> None:
-    """List the known targets."""
-    from edgec.core.targets import list_targets
+    """List the known targets; * marks the one commands use when --target is left out."""
+    from edgec.core.targets import default_target, list_targets
+    from edgec.errors import TargetError
 
-    for target in list_targets():
-        click.echo(f"{target.name:20s} {target.kind:6s} {target.arch:8s} "
-                   f"{target.run.get('mode', 'local'):6s} {target.description}")
+    try:
+        default = default_target().name
+    except TargetError:  # no target runs on this machine: every command then needs --target
+        default = None
+    click.echo(f"  {'NAME':20s} {'KIND':6s} {'ARCH':8s} {'RUN':6s} DESCRIPTION")
+    for t in list_targets():
+        mark = "*" if t.name == default else " "
+        click.echo(f"{mark} {t.name:20s} {t.kind:6s} {t.arch:8s} {t.run.get('mode', 'local'):6s} "
+                   f"{t.description}")
+    click.echo("* this machine's default target" if default else
+               "no target runs on this machine: pass --target to every command")
 
 
 @cli.command("inspect")
@@ -656,20 +709,22 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
 @cli.command("debug")
 @_model_arg
 @_samples_opt
-@click.option("--target", required=True, help="A target name or a .toml file.")
+@click.option("--target", default=None,
+              help="A target name or a .toml file (default: the best target this machine runs).")
 @click.option("--tolerance", default=1e-4, show_default=True, type=float,
               help="Max abs difference relative to each activation's scale.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the per-node table as JSON.")
-def debug_cmd(model: Path, samples: _SampleSource, target: str, tolerance: float, output: Path | None) -> None:
+def debug_cmd(model: Path, samples: _SampleSource, target: str | None, tolerance: float,
+              output: Path | None) -> None:
     """Name the first node (and region) whose compiled output diverges from the reference."""
     from edgec.tools.debug import debug
     from edgec.fileio import write_text
     from edgec.core.model import load_model
-    from edgec.core.targets import load_target
 
+    the_target = _target_or_default(target)
     loaded = load_model(model)
-    result = debug(loaded, samples.read(loaded), load_target(target), tolerance)
+    result = debug(loaded, samples.read(loaded), the_target, tolerance)
     if output is not None:
         write_text(output, json.dumps(result.to_json(), indent=1) + "\n")
     for row in sorted(result.nodes, key=lambda r: -r["max_rel"])[:10]:
@@ -772,7 +827,8 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
 @click.option("--holdout", "holdout", multiple=True, help="Zoo model to hold out (repeat; default: "
                                                           "every measured zoo model but the "
                                                           "calibration suite's).")
-@click.option("--max-specializations", default=3, show_default=True, type=int)
+@click.option("--max-specializations", default=3, show_default=True, type=int,
+              help="At most this many shapes per region get a static function in each plan.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the result: NAME.json and NAME.md.")
 def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,
@@ -801,6 +857,17 @@ def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializat
         write_text(output.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
         write_text(output.with_suffix(".md"), table)
     click.echo(table)
+
+
+def _accept_debug_everywhere(group: click.Group) -> None:
+    """Give every command and subgroup below ``group`` the ``--debug`` flag."""
+    for command in group.commands.values():
+        command.params.append(_debug_flag())
+        if isinstance(command, click.Group):
+            _accept_debug_everywhere(command)
+
+
+_accept_debug_everywhere(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,8 +53,13 @@ def test_stage_by_stage_matches_compile(mlp_dir, tmp_path, capsys):
 
 
 def test_targets_and_version(capsys):
+    from edgec.core.targets import default_target
+
     assert main(["targets"]) == 0
-    assert "x86_64" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "KIND", "ARCH", "RUN", "DESCRIPTION"]
+    marked = [line.split()[1] for line in lines[1:-1] if line.startswith("* ")]
+    assert marked == [default_target().name] and lines[-1] == "* this machine's default target"
     assert main(["--version"]) == 0
 
 
@@ -74,9 +79,29 @@ def test_user_errors_print_one_line_exit_with_their_code_and_write_nothing(mlp_d
     assert not (tmp_path / "out.json").exists()
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    result = _edgec("--debug", "profile", tmp_path / "missing.onnx", "--samples", tmp_path, "-o", tmp_path / "o")
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_debug_shows_the_traceback_before_or_after_the_subcommand(tmp_path, where):
+    args = ["profile", tmp_path / "missing.onnx", "--samples", tmp_path, "-o", tmp_path / "o"]
+    result = _edgec(*(["--debug", *args] if where == "before" else [*args, "--debug"]))
     assert result.returncode == InputFileError.exit_code and "Traceback" in result.stderr
+
+
+def test_every_command_accepts_debug():
+    from click.testing import CliRunner
+
+    from edgec.cli import cli
+
+    for path, _command in _commands(cli):
+        result = CliRunner().invoke(cli, [*path, "--debug", "--help"])
+        assert result.exit_code == 0 and "--debug" in result.output, (path, result.output)
+
+
+def _commands(group, path=()):
+    """(path, command) for every command below a click group, subgroups included."""
+    for name, command in group.commands.items():
+        yield (*path, name), command
+        if hasattr(command, "commands"):
+            yield from _commands(command, (*path, name))
 
 
 def test_usage_errors_exit_2_without_traceback():
@@ -140,3 +165,47 @@ def test_malformed_shapes_are_usage_errors(mlp_dir, tmp_path, value):
     result = _edgec("compile", mlp_dir / "model.onnx", "--shapes", value, "-o", tmp_path / "a.edgec")
     assert result.returncode == 2 and "is not NAME:1x3x224x224 or DIM=N" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_run_without_output_prints_each_output(mlp_artifact, tmp_path, capsys):
+    """`edgec run` without -o prints every output's name, dtype, shape and a few values; it writes
+    no file."""
+    inputs = tmp_path / "in.npz"
+    x = np.arange(2 * 3 * 16, dtype=np.float32).reshape(2, 3, 16) / 100
+    np.savez(inputs, x=x)
+    capsys.readouterr()
+    assert main(["run", str(mlp_artifact), "--inputs", str(inputs)]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert len(shown) == 1 and shown[0].startswith("y: float32 [2, 3, 8] [")
+    assert "..." in shown[0] and " min " in shown[0] and " max " in shown[0]
+    assert list(tmp_path.iterdir()) == [inputs]
+
+
+def test_no_command_requires_target():
+    """--target defaults to this machine's best target wherever a command takes one."""
+    from edgec.cli import cli
+
+    for path, command in _commands(cli):
+        for param in command.params:
+            assert not ("--target" in param.opts and param.required), path
+
+
+def test_debug_defaults_to_this_machines_target(mlp_dir, capsys):
+    from edgec.core.targets import default_target
+
+    assert main(["debug", str(mlp_dir / "model.onnx"), "--samples", str(mlp_dir / "samples")]) == 0
+    captured = capsys.readouterr()
+    assert f"target: {default_target().name} (default" in captured.err
+    assert "no divergence" in captured.out
+
+
+def test_every_option_has_help():
+    """`edgec X --help` explains every option (arguments are named in the command's docstring)."""
+    import click
+
+    from edgec.cli import cli
+
+    missing = [(path, param.opts) for path, command in [((), cli), *_commands(cli)]
+               for param in command.params
+               if isinstance(param, click.Option) and not (param.help or "").strip()]
+    assert not missing, missing

@@ -136,6 +136,7 @@ def connect(target: Target, session_timeout: float = 0) -> Any:
     from tvm import rpc
 
     host, port, key = rpc_address(target)
+    _check_reachable(target, host, port)
     try:
         tracker = rpc.connect_tracker(host, port)
         servers = tracker.summary()["server_info"]
@@ -153,6 +154,23 @@ def connect(target: Target, session_timeout: float = 0) -> Any:
     except Exception as exc:
         raise ToolchainError(f"the RPC tracker {host}:{port} gave no session for '{key}': "
                              f"{describe(exc)}") from None
+
+
+def _check_reachable(target: Target, host: str, port: int, timeout_s: float = 3.0) -> None:
+    """One TCP connect to the tracker, ``timeout_s`` at most: TVM's ``connect_tracker`` retries a
+    refused connection every 5 s for 60 s, a warning line each time, and waits without limit on a
+    host that drops packets."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        where = f"'{target.source}'" if target.source else f"target '{target.name}'"
+        raise ToolchainError(
+            f"cannot reach the RPC tracker {host}:{port} of target '{target.name}' ({why}); start "
+            f"it there (`python -m tvm.exec.rpc_tracker --host {host} --port {port}`) or fix host "
+            f"and port in the [run] section of {where}") from None
 
 
 def load_rpc(path: str | Path, target: Target, require_signature: Any = None) -> RemoteModel:

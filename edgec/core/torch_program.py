@@ -16,8 +16,9 @@ import hashlib
 import io
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -118,6 +119,51 @@ def from_program(program: Any, name: str = "model", path: str = "", sha256: str 
                          if (op := higher_order_name(n)) is not None)
     digest = sha256 or hashlib.sha256(serialized(program)).hexdigest()
     return Model(None, name, digest, inputs, outputs, 0, control_flow, path, program)
+
+
+@contextmanager
+def activations_exposed(model: Model) -> Iterator[tuple[Model, list[tuple[str, str, str]]]]:
+    """Within the block, ``model``'s program also returns every tensor a top-level node computes.
+
+    Yields a Model of that program (named ``<name>-debug``) and, in graph order, each node's
+    name, its operator and the output (``output_<k>``) that carries it, the program's own
+    outputs included. The program is
+    edited in place and restored on leaving the block, so the yielded Model is valid inside it
+    only: a deep copy of an ExportedProgram renames placeholders that shadow Python builtins
+    (``input`` becomes ``input_1``) while its signature keeps the old names.
+    """
+    torch = _torch()
+    from torch.export.graph_signature import OutputKind, OutputSpec, TensorArgument
+
+    program = model.program
+    graph_module = program.graph_module
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    returned = list(output.args[0])
+    kept = {n for n in returned if isinstance(n, torch.fx.Node)}
+    exposed = [n for n in graph_module.graph.nodes if n.op == "call_function" and n not in kept
+               and isinstance(n.meta.get("val"), torch.Tensor)]
+    specs = program.graph_signature.output_specs
+    call_signature = program.module_call_graph[0].signature
+    saved = (output.args, list(specs), call_signature.out_spec)
+    first = len(model.outputs)
+    try:
+        output.args = (tuple(returned + exposed),)
+        specs.extend(OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(n.name), None)
+                     for n in exposed)
+        call_signature.out_spec = torch.utils._pytree.tree_flatten(  # noqa: SLF001 - torch's own
+            tuple(range(first + len(exposed))))[1]
+        graph_module.recompile()
+        user = [n for n, spec in zip(returned, saved[1])
+                if spec.kind in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT)]
+        carried = {n: k for k, n in enumerate(user)}
+        carried.update({n: first + k for k, n in enumerate(exposed)})
+        nodes = [(n.name, getattr(n.target, "__name__", str(n.target)), f"output_{carried[n]}")
+                 for n in graph_module.graph.nodes if n in carried and n.op == "call_function"]
+        yield from_program(program, f"{model.name}-debug"), nodes
+    finally:
+        output.args, call_signature.out_spec = saved[0], saved[2]
+        specs[:] = saved[1]
+        graph_module.recompile()
 
 
 def load_program(path: str | Path) -> Model:

@@ -26,7 +26,7 @@ from edgec import runtime
 from edgec.core import remote
 from edgec.core.model import Model
 from edgec.core.provenance import tool_versions
-from edgec.core.reference import reference_session
+from edgec.core.reference import reference_for, reference_session
 from edgec.core.regions import cut_regions
 from edgec.core.samples import Sample, sample_dims
 from edgec.core.targets import load_target
@@ -319,8 +319,11 @@ def _region_timings(compiled, model: Model, samples: list[Sample], shapes: list[
 
 def record_measurements(target_name: str, model: Model, rows: list[dict[str, Any]],
                         threads: int) -> None:
-    """Append bench's per-region timings to the target's measurement store."""
+    """Append bench's per-region timings to the target's measurement store (ONNX models only:
+    the cost model's features are read from the ONNX graph)."""
 
+    if model.proto is None:
+        return
     target = load_target(target_name)
     cuts = cut_regions(model)
     append_measurements(target, [{
@@ -341,7 +344,7 @@ def _plain_tvm_build(model: Model, target_name: str, tmp: Path) -> Callable:
     """The same model built by TVM with no plan (symbolic, no specialization), loaded to run."""
 
     target = load_target(target_name)
-    nodes = [n.name for n in model.proto.graph.node]
+    nodes = cut_regions(model, whole=True)[0].nodes
     plain = Plan(model.name, model.sha256, target.name, PlanSettings(policy="symbolic"),
                  [Region("main", nodes, "symbolic" if model.dynamic_dims else "static", [],
                          bool(model.dynamic_dims), [], "baseline: TVM without edgec's plan")], 0.0)
@@ -362,9 +365,12 @@ def bench(
 
     ``model`` must be the model the artifact was built from. Each system runs every sample
     ``warmup`` times unmeasured, then ``runs`` times measured; systems run one after the other,
-    edgec first. ``onnxruntime`` (``settings.threads`` threads) is always measured: accuracy and
-    the ratio are against it. Other baselines: ``onnxruntime-1t`` (one thread) and ``tvm-plain``
-    (the same model built by TVM with no plan, which compiles it here).
+    edgec first. The reference is always measured, and accuracy and the ratio are against it:
+    ``onnxruntime`` (``settings.threads`` threads) for an ONNX model, ``torch`` (the program run
+    eagerly) for a PyTorch program, which has no ONNX graph for onnxruntime's baselines (the
+    result's ``notes`` say so). Other baselines: ``onnxruntime-1t`` (one thread) and
+    ``tvm-plain`` (the same model built by TVM with no plan, which compiles it here). The
+    result's ``reference`` names the reference system, whose stats are under that key.
     """
     settings.check()
     unknown = sorted(set(baselines) - set(BASELINES))
@@ -372,9 +378,16 @@ def bench(
         raise EdgecError(f"unknown baseline(s) {', '.join(unknown)}; known: {', '.join(BASELINES)}")
     if not samples:
         raise EdgecError("no samples to bench; pass at least one .npz file")
-    if model.proto is None:
-        raise EdgecError(f"'{model.name}' is a PyTorch program; edgec bench compares against "
-                         f"onnxruntime and needs the ONNX model: pass --model MODEL.onnx")
+    notes = []
+    reference = "onnxruntime"
+    if model.kind == "torch":
+        reference = "torch"
+        dropped = [b for b in baselines if b.startswith("onnxruntime")]
+        baselines = tuple(b for b in baselines if b not in dropped)
+        notes.append(f"'{model.name}' is a PyTorch program: accuracy and ratio are against torch "
+                     f"running it eagerly"
+                     + (f"; not run, for want of an ONNX model: {', '.join(dropped)}"
+                        if dropped else ""))
     start = time.perf_counter()
     # Where the target file says: here, on a device behind an RPC tracker, or under qemu.
     compiled = remote.load(artifact_path, target=target, threads=settings.threads,
@@ -382,7 +395,7 @@ def bench(
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]
-    systems = ["edgec", "onnxruntime"] + [b for b in baselines if b != "onnxruntime"]
+    systems = ["edgec", reference] + [b for b in baselines if b != reference]
     progress = _Progress(len(samples) * len(systems), "bench")
     measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
     measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
@@ -392,13 +405,15 @@ def bench(
         for name in systems[1:]:
             if name == "tvm-plain":
                 call = _plain_tvm_build(model, compiled.target, Path(tmp))
+            elif name == "torch":
+                call = reference_for(model).run
             else:
                 threads = 1 if name == "onnxruntime-1t" else settings.threads
                 call = reference_session(model.proto, threads=threads).run
             measured[name] = _measure(call, samples, shapes, settings, progress, name)
     progress.close()
 
-    reference_outputs = measured["onnxruntime"][1]
+    reference_outputs = measured[reference][1]
     rows = [compare_outputs(got, ref) for got, ref in zip(measured["edgec"][1], reference_outputs)]
     accuracy = {
         "max_abs": max(r["max_abs"] for r in rows),
@@ -417,7 +432,7 @@ def bench(
         stats = {name: _stats_dict(by_shape.loc[(shape, name)]) for name in measured}
         per_shape_rows.append({
             "shape": shape, "samples": shapes.count(shape), **stats,
-            "ratio_p50": _ratio(stats["edgec"], stats["onnxruntime"]),
+            "ratio_p50": _ratio(stats["edgec"], stats[reference]),
         })
     library = compiled.manifest["libraries"][compiled.target]
     footprint = runtime_footprint(library)
@@ -428,8 +443,9 @@ def bench(
         "run": {"mode": remote.run_mode(target), "device": compiled.device,
                 "timing": remote.TIMING[remote.run_mode(target)]},
         "edgec": summary["edgec"],
-        "onnxruntime": summary["onnxruntime"],
-        "ratio_p50": _ratio(summary["edgec"], summary["onnxruntime"]),
+        "reference": reference,
+        reference: summary[reference],
+        "ratio_p50": _ratio(summary["edgec"], summary[reference]),
         "baselines": {name: {**summary[name], "ratio_p50": _ratio(summary["edgec"], summary[name])}
                       for name in systems[1:]},
         "accuracy": accuracy,
@@ -449,6 +465,8 @@ def bench(
         "versions": tool_versions(),
         "git_commit": git_commit(),
     }
+    if notes:
+        data["notes"] = notes
     return BenchResult(data)
 
 

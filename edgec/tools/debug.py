@@ -2,8 +2,8 @@
 every activation and name the first node (and its region) whose output diverges.
 
 The model is rebuilt with every top-level activation exposed as an output, compiled through the
-normal pipeline for the target, and compared with onnxruntime on the same samples, node by node
-in graph order.
+normal pipeline for the target, and compared with the reference (onnxruntime; torch for a
+PyTorch program) on the same samples, node by node in graph order.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from edgec import runtime
 from edgec.core.model import Model, expose_activations, from_proto
@@ -19,7 +19,6 @@ from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target
 from edgec.driver import CompileSettings, compile as compile_model
-from edgec.errors import EdgecError
 from edgec.stages.bench import compare_outputs
 from edgec.stages.plan import PlanSettings
 
@@ -57,37 +56,56 @@ class DebugResult:
 
 def debug(model: Model, samples: list[Sample], target: Target, tolerance: float = 1e-4,
           settings: PlanSettings = PlanSettings()) -> DebugResult:
-    """Compile ``model`` with its activations exposed and compare them all with onnxruntime.
+    """Compile ``model`` with its activations exposed and compare them all with the reference:
+    onnxruntime for an ONNX model, torch running the program eagerly for a PyTorch program.
 
     ``tolerance`` bounds the max abs difference relative to each activation's scale. Nodes are
     visited in graph order per sample; the first one over the tolerance is the divergence.
     """
-    if model.proto is None:
-        raise EdgecError(f"'{model.name}' is a PyTorch program; edgec debug compares node by node "
-                         f"with onnxruntime and needs an ONNX model")
+    if model.kind == "torch":
+        from edgec.core.torch_program import TorchReference, activations_exposed
+
+        with activations_exposed(model) as (exposed, nodes):
+            compiled, region_of = _compiled(exposed, samples, target, settings)
+            reference = TorchReference(exposed)
+            runs = ((s, compiled.run(s.arrays), reference.run(s.arrays)) for s in samples)
+            return _compare(runs, nodes, region_of, tolerance)
     exposed = from_proto(expose_activations(model.proto), f"{model.name}-debug")
+    compiled, region_of = _compiled(exposed, samples, target, settings)
+    reference = reference_session(exposed.proto, optimize=False)
+    nodes = [(node.name, node.op_type, output) for node in exposed.proto.graph.node
+             for output in node.output]
+    runs = ((s, compiled.run(s.arrays), reference.run(s.arrays)) for s in samples)
+    return _compare(runs, nodes, region_of, tolerance)
+
+
+def _compiled(exposed: Model, samples: list[Sample], target: Target,
+              settings: PlanSettings) -> tuple[Any, dict[str, str]]:
+    """``exposed`` compiled for ``target`` and loaded, and the region of each node."""
     compiled_model = compile_model(exposed, samples, [target], CompileSettings(plan=settings))
     region_of = {node: region.name for region in compiled_model.plan.regions
                  for node in region.nodes}
     with tempfile.TemporaryDirectory(prefix="edgec-debug-") as tmp:
         path = compiled_model.artifact.save(Path(tmp) / "debug.edgec")
-        compiled = runtime.load(path, target=target.name)
-    reference = reference_session(exposed.proto, optimize=False)
+        return runtime.load(path, target=target.name), region_of
+
+
+def _compare(runs: Iterable[tuple[Sample, dict, dict]], nodes: list[tuple[str, str, str]],
+             region_of: dict[str, str], tolerance: float) -> DebugResult:
+    """Each (node, op, output) in graph order against the reference on each (sample, compiled
+    outputs, reference outputs), one sample's activations in memory at a time."""
     worst: dict[str, float] = {}
     first: Divergence | None = None
-    for sample in samples:
-        got = compiled.run(sample.arrays)
-        expected = reference.run(sample.arrays)
-        for node in exposed.proto.graph.node:
-            for output in node.output:
-                if output not in expected or output not in got:
-                    continue
-                diff = compare_outputs({output: got[output]}, {output: expected[output]})
-                worst[node.name] = max(worst.get(node.name, 0.0), diff["max_rel"])
-                if first is None and diff["max_rel"] > tolerance:
-                    first = Divergence(sample.name, node.name, node.op_type, output,
-                                       region_of.get(node.name, "?"), diff["max_abs"], diff["max_rel"])
-    ops = {node.name: node.op_type for node in exposed.proto.graph.node}
+    for sample, got, expected in runs:
+        for node, op, output in nodes:
+            if output not in expected or output not in got:
+                continue
+            diff = compare_outputs({output: got[output]}, {output: expected[output]})
+            worst[node] = max(worst.get(node, 0.0), diff["max_rel"])
+            if first is None and diff["max_rel"] > tolerance:
+                first = Divergence(sample.name, node, op, output, region_of.get(node, "?"),
+                                   diff["max_abs"], diff["max_rel"])
+    ops = {node: op for node, op, _ in nodes}
     rows = [{"node": name, "op": ops[name], "region": region_of.get(name, "?"), "max_rel": value}
             for name, value in worst.items()]
     return DebugResult(tolerance, rows, first)

@@ -65,6 +65,29 @@ def _pickle_workers_by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+# --- schedule rules: TOPI's pooling asks for rules this TVM build does not register on CPU ---
+
+# TOPI marks pooling blocks with ``schedule_rule = "meta_schedule.<one of these>"``. TVM registers
+# no function of that name for CPU targets, so MetaSchedule logs "Unknown schedule rule" for each
+# pooling block it visits, drops the mark, and schedules the block with its generic rules.
+# Registering each rule as exactly that (drop the mark, keep the schedule) leaves the design
+# spaces and the kernels' workload hashes (database keys) as they were, without the warning.
+_POOL_RULES = ("pool_max", "pool_avg", "adaptive_pool_max", "adaptive_pool_avg")
+
+
+def _generic_rules(sch: Any, block: Any) -> list:
+    sch.unannotate(block, "schedule_rule")
+    return [sch]
+
+
+def register_pool_rules() -> None:
+    """Register TOPI's pooling schedule rules for CPU targets where TVM has none (idempotent)."""
+    for rule in _POOL_RULES:
+        name = f"s_tir.meta_schedule.cpu.meta_schedule.{rule}"
+        if tvm.get_global_func(name, allow_missing=True) is None:
+            tvm.register_global_func(name, _generic_rules)
+
+
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
     """A progress line on stderr after each measured batch: trials done, valid ones, best time."""
@@ -152,6 +175,7 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
                               f"MetaSchedule needs it: add the device's core count")
     _check_runs_here(target)
     tasks, tune_target = tuning_tasks(mod, target)
+    register_pool_rules()
     database = database_for(target)
     records_before = len(database)
     before = sum(database.records_for(t.dispatched[0]) for t in tasks)
@@ -160,6 +184,12 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
                           records_before)
     if not tasks or remaining <= 0:
         return summary
+    # MetaSchedule's scheduler gives each task one batch in list order, then the batches go to
+    # the tasks improving most: the least-tuned kernels go first, and batches are sized so that
+    # the first round reaches every kernel the trials can.
+    tasks.sort(key=lambda t: database.records_for(t.dispatched[0]))
+    per_round, split = split_trials(remaining, len(tasks), before)
+    (progress or sys.stderr).write(split + "\n")
     _pickle_workers_by_value()
     callbacks = [*ms.measure_callback.MeasureCallback.create("default"),
                  _Progress(remaining, progress)]
@@ -170,7 +200,7 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
         try:
             ms.tune.tune_tasks(
                 tasks=contexts, task_weights=weights, work_dir=work_dir,
-                max_trials_global=remaining, num_trials_per_iter=min(16, remaining),
+                max_trials_global=remaining, num_trials_per_iter=per_round,
                 builder=ms.builder.LocalBuilder(f_build=_build_kernel, max_workers=1),
                 runner=ms.runner.LocalRunner(initializer=_runner_initializer),
                 database=database, cost_model=_cost_model(), measure_callbacks=callbacks,
@@ -184,6 +214,22 @@ def tune(mod: tvm.IRModule, target: Target, trials: int, seed: int = 0,
     summary.trials_run = sum(database.records_for(t.dispatched[0]) for t in tasks) - before
     summary.records_after = len(database)
     return summary
+
+
+def split_trials(remaining: int, kernels: int, before: int = 0) -> tuple[int, str]:
+    """How ``remaining`` trials are spread over ``kernels`` tasks: the batch size (trials per task
+    per round, at most 16) and one line saying so up front, a warning when some kernels get no
+    trial. ``before`` is the trials already recorded, which ``--trials`` counts too."""
+    per_round = max(1, min(16, remaining // kernels))
+    if remaining < kernels:
+        return per_round, (f"warning: {remaining} trials for {kernels} kernels: "
+                           f"{kernels - remaining} get no trial and keep the default schedule; "
+                           f"pass --trials {before + kernels} or more to tune them all")
+    first = per_round * kernels
+    rest = (f", then the other {remaining - first} to the kernels whose best time improves most"
+            if remaining > first else "")
+    return per_round, (f"{remaining} trials for {kernels} kernels: {per_round} for each in turn"
+                       f"{rest}")
 
 
 def _check_runs_here(target: Target) -> None:

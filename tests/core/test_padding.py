@@ -140,7 +140,7 @@ def test_plan_pads_where_proved_and_outputs_match_onnxruntime_on_unseen_shapes()
     assert region.padding["used"] and region.padding["dims"] == ["seq"]
     assert region.specializations[0]["dims"] == {"seq": lengths[-1]}
     explained = the_plan.explain()
-    assert "padded to buckets" in explained and "proved safe" in explained
+    assert "padded to buckets" in explained and "padding seq: padded (proved safe: " in explained
 
     artifact = build(model, the_plan, [TARGET])
     main = artifact.manifest["libraries"][TARGET.name]["functions"][0]
@@ -156,6 +156,22 @@ def test_plan_pads_where_proved_and_outputs_match_onnxruntime_on_unseen_shapes()
             expected = reference.run({"input_ids": ids})["tag_logits"]
             assert np.asarray(got).shape == expected.shape
             np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_explain_says_a_proved_padding_was_not_chosen():
+    """Padding proved safe but slower: the decision reads first, not beside a refusal."""
+    model, samples, prof = _tagger_case()
+
+    def measured(index, option, dims, bucket=None):
+        return (bucket or dims)["seq"] * {"padded": 5.0, "specialized": 0.1}.get(option, 1.0)
+
+    the_plan = plan(model, prof, TARGET, PlanSettings("oracle", 2), measured=measured,
+                    samples=samples)
+    assert not the_plan.regions[0].padding["used"]
+    lines = [line for line in the_plan.explain().splitlines() if "padding seq" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        "  padding seq: proved safe, not chosen: an option without padding has the lower "
+        "expected latency (proof: ")
 
 
 def test_plan_refuses_padding_that_is_not_safe_and_says_why():
@@ -174,7 +190,7 @@ def test_plan_refuses_padding_that_is_not_safe_and_says_why():
     region = the_plan.regions[0]
     assert not region.padding["used"] and region.padding["dims"] == []
     assert "'attn' (Softmax) works along an axis carrying seq" in region.padding["refused"]["seq"]
-    assert "padding seq: refused" in the_plan.explain()
+    assert "padding seq: not padded: node 'attn' (Softmax)" in the_plan.explain()
     assert all(not option.get("padded") for option in region.options)
 
 

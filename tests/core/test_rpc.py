@@ -163,3 +163,17 @@ def test_rpc_target_needs_host_port_and_key(tmp_path):
     path.write_text(path.read_text().replace('key = "edgec-test"\n', ""))
     with pytest.raises(TargetError, match="host .string., port .integer. and key"):
         remote.rpc_address(load_target(path))
+
+
+def test_a_tracker_that_is_down_fails_at_once_in_one_line(tmp_path, caplog):
+    """No tracker listens on the port: one error naming the address and how to start it, without
+    TVM's retry warnings (12 of them over 60 s before)."""
+    port = free_port()
+    target = load_target(rpc_target_file(tmp_path, port, name="down"))
+    with pytest.raises(ToolchainError) as raised:
+        remote.connect(target)
+    message = str(raised.value)
+    assert f"cannot reach the RPC tracker 127.0.0.1:{port} of target 'down'" in message
+    assert f"python -m tvm.exec.rpc_tracker --host 127.0.0.1 --port {port}" in message
+    assert "\n" not in message
+    assert not [r for r in caplog.records if "retry" in r.getMessage()]

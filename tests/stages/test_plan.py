@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from conftest import MLP_SHAPES, mlp_model, mlp_samples
@@ -109,6 +111,7 @@ def test_regions_that_choose_alike_become_one_program(nz_prof):
         assert [r.name for r in merged.regions] == ["main"]
         assert [s["dims"] for s in merged.regions[0].specializations] == specs
         assert "one program, not 3 regions" in merged.regions[0].reason
+        assert " us " not in merged.regions[0].reason  # measurements stay in code comments
     # Regions that chose differently keep the cut.
     region = lambda dims, specs: Region("r", [], "specialized", [{"dims": d} for d in specs],  # noqa: E731
                                         True, [], "", dims=dims)
@@ -143,6 +146,19 @@ def test_oracle_specializes_only_where_it_pays(nz_prof):
         sum(min(o["expected_ms"] for o in r.options) for r in result.regions), rel=1e-3)
     explained = result.explain()
     assert "region region_0" in explained and "yes" in explained and "why:" in explained
+
+
+def test_explain_shows_option_labels_whole(nz_prof):
+    """Labels of several shapes are long; cut to a width, two rows read the same."""
+    result = plan(NONZERO, nz_prof, TARGET, PlanSettings("oracle", max_specializations=2),
+                  measured=_table({0}))
+    shapes = "; ".join(f"batch={b}, seq=128" for b in (1, 2, 4, 8))
+    labels = [f"specialized [{shapes}]", f"specialized [{shapes}; batch=16, seq=64]"]
+    options = [dict(result.regions[0].options[0], option=label) for label in labels]
+    region = replace(result.regions[0], options=options)
+    explained = replace(result, regions=[region]).explain().splitlines()
+    assert [line for line in explained if line.endswith(labels[0])]
+    assert [line for line in explained if line.endswith(labels[1])]
     with pytest.raises(EdgecError, match="--samples"):
         plan(NONZERO, nz_prof, TARGET, PlanSettings("oracle"))
 

@@ -88,6 +88,7 @@ def _run_tune(model_path: Path, db_root: Path, trials: int, seed: int = 0) -> st
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "tuning [" in result.stderr  # the progress line
+    assert "Unknown schedule rule" not in result.stderr  # TOPI's pool_max rule is registered
     return result.stdout
 
 
@@ -105,7 +106,8 @@ def test_tune_records_and_build_applies_them(model_path, tmp_path, monkeypatch):
     tuning = artifact.manifest["libraries"][TARGET]["tuning"]
     assert tuning["database"] == str(db_root / TARGET)
     assert tuning["records"] == len(records)
-    assert 1 <= tuning["tuned_kernels"] <= tuning["kernels"]
+    # 4 trials over 2 kernels: 2 each (before, the first kernel's batch took all 4)
+    assert tuning["tuned_kernels"] == tuning["kernels"] == 2
     path = artifact.save(tmp_path / "pool.edgec")
     got = edgec.runtime.load(path, target=TARGET).run({"x": x})["y"]
     want = ort.InferenceSession(pool_model().SerializeToString()).run(None, {"x": x})[0]
@@ -238,3 +240,49 @@ def test_shipped_records_are_read_and_new_ones_go_to_the_users_file(tmp_path, mo
 def test_tune_refuses_a_target_this_machine_cannot_run():
     with pytest.raises(tune_lib.StageInputError, match="cannot run on this machine"):
         tune_lib.tune(None, load_target("arm64-cortex-a72"), trials=4)
+
+
+@pytest.mark.parametrize("remaining, kernels, before, per_round, says", [
+    (8, 6, 0, 1, "8 trials for 6 kernels: 1 for each in turn, then the other 2 to the kernels"),
+    (64, 6, 0, 10, "64 trials for 6 kernels: 10 for each in turn, then the other 4"),
+    (200, 2, 0, 16, "200 trials for 2 kernels: 16 for each in turn, then the other 168"),
+    (4, 6, 3, 1, "warning: 4 trials for 6 kernels: 2 get no trial and keep the default schedule; "
+                 "pass --trials 9 or more"),
+])
+def test_trials_are_split_over_kernels_and_said_up_front(remaining, kernels, before, per_round,
+                                                         says):
+    got_per_round, line = tune_lib.split_trials(remaining, kernels, before)
+    assert got_per_round == per_round and line.startswith(says) and "\n" not in line
+
+
+@pytest.mark.slow
+def test_pool_schedule_rules_are_registered_without_changing_the_design_space(capfd):
+    """TOPI marks pooling blocks with "meta_schedule.pool_max", which TVM registers for no CPU
+    target: MetaSchedule warned per block, then scheduled it with its generic rules. edgec
+    registers the rule as that: the same design spaces, and no warning."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgec.compiler import pipeline
+
+    tasks, tune_target = tune_lib.tuning_tasks(
+        pipeline.import_model(from_proto(pool_model(), "pool")), load_target(TARGET))
+
+    def spaces() -> list[str]:
+        found = []
+        for task in tasks:
+            generator = ms.space_generator.PostOrderApply(
+                sch_rules=[ms.schedule_rule.ApplyCustomRule()], postprocs=[], mutator_probs={})
+            context = ms.TuneContext(mod=task.dispatched[0], target=tune_target,
+                                     space_generator=generator)
+            found += [str(space.mod) for space in context.generate_design_space()]
+        return found
+
+    name = "s_tir.meta_schedule.cpu.meta_schedule.pool_max"
+    if tvm.get_global_func(name, allow_missing=True) is not None:
+        pytest.skip("registered earlier in this process: nothing to compare against")
+    unregistered = spaces()
+    assert "Unknown schedule rule" in capfd.readouterr().err
+    tune_lib.register_pool_rules()
+    assert spaces() == unregistered
+    assert "Unknown schedule rule" not in capfd.readouterr().err

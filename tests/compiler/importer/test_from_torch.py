@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from torch._higher_order_ops import while_loop  # noqa: E402
 from edgec import runtime  # noqa: E402
 from edgec.stages.build import build  # noqa: E402
 from edgec.cli import main  # noqa: E402
-from edgec.errors import InputFileError, ModelError  # noqa: E402
+from edgec.errors import InputFileError, ModelError, StageInputError  # noqa: E402
+from edgec.stages.bench import BenchResult  # noqa: E402
 from edgec.core.model import load_model  # noqa: E402
 from edgec.stages.plan import plan  # noqa: E402
 from edgec.stages.profile import profile  # noqa: E402
@@ -199,8 +202,30 @@ def test_cli_compiles_a_pt2_file(mlp_program, tmp_path):
     x = _normal((5, 8), 60)
     y = runtime.load(tmp_path / "a.edgec").run({"x": x})["output_0"]
     np.testing.assert_allclose(y, _eager(mlp_program, x)[0], rtol=1e-4, atol=1e-5)
-    # bench and debug compare with onnxruntime: a torch program gets a one-line refusal.
-    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples)]) == 2
+    # bench's reference is the program run eagerly by torch (no ONNX model for onnxruntime)
+    assert main(["bench", str(tmp_path / "a.edgec"), "--samples", str(samples), "--runs", "2",
+                 "--baselines", "onnxruntime,tvm-plain", "-o", str(tmp_path / "r.json")]) == 0
+    result = BenchResult.load(tmp_path / "r.json")
+    assert result["reference"] == "torch" and list(result["baselines"]) == ["torch", "tvm-plain"]
+    assert result["accuracy"]["max_abs"] < 1e-4 and "onnxruntime" not in result.data
+    assert "not run, for want of an ONNX model: onnxruntime" in result["notes"][0]
+    # report's tables are against onnxruntime: one line, not a KeyError
+    assert main(["report", str(tmp_path / "r.json"), "-o", str(tmp_path / "rep")]) == \
+        StageInputError.exit_code
+
+
+def test_debug_compares_every_node_with_torch_and_leaves_the_program_as_it_was(mlp_program):
+    from edgec.core.torch_program import serialized
+    from edgec.tools.debug import debug
+
+    before = serialized(mlp_program)
+    samples = [Sample(f"s{i}", {"x": _normal((b, 8), b)}) for i, b in enumerate((4, 4, 2))]
+    result = debug(from_program(mlp_program, "mlp"), samples, load_target("x86_64"))
+    assert result.first is None
+    assert [row["node"] for row in result.nodes] == ["linear", "gelu", "linear_1"]
+    assert all(row["region"] == "main" and row["max_rel"] < 1e-4 for row in result.nodes)
+    assert serialized(mlp_program) == before
+    assert len(from_program(mlp_program, "mlp").outputs) == 1
 
 
 def test_unsupported_op_names_node_and_op():
@@ -321,3 +346,31 @@ def test_import_after_the_runtime_loaded_tvm_ffi_without_torch(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def _readme_torch_example() -> tuple[str, list[str]]:
+    """The README's torch example: the script (its python block) and the commands after it."""
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    script = text.split("```python\n# torch_example.py", 1)[1].split("```", 1)[0]
+    commands = text.split("```sh\npython torch_example.py\n", 1)[1].split("```", 1)[0]
+    return "# torch_example.py" + script, [line.split("#")[0].split() for line in
+                                           commands.splitlines() if line.strip()]
+
+
+@pytest.mark.slow  # fresh processes importing torch and TVM
+def test_the_readme_torch_example_runs_as_written(tmp_path):
+    """The README's example script, then its compile, bench and debug of the .pt2 it saved."""
+    script, commands = _readme_torch_example()
+    (tmp_path / "torch_example.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    run = subprocess.run([sys.executable, "torch_example.py"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "output_0" in run.stdout and (tmp_path / "net.pt2").is_file()
+    assert [c[:2] for c in commands] == [["edgec", "compile"], ["edgec", "bench"],
+                                        ["edgec", "debug"]]
+    for command in commands:
+        run = subprocess.run([sys.executable, "-m", "edgec", *command[1:]], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+        assert run.returncode == 0, (command, run.stderr[-2000:])
+    assert "no divergence" in run.stdout
