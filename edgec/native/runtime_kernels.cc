@@ -15,11 +15,14 @@
 #include <tvm/ffi/function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <omp.h>
 #include <vector>
@@ -387,23 +390,109 @@ struct RecurrentJob {
   float* h[2];  // the state before and after a step, swapped each step
 };
 
+// A barrier wait this long (and four times the waiting task's own work that step) means a task
+// was descheduled: every later step would wait for it again (speech_lstm ran 50-70x slower than
+// onnxruntime beside two CPU-bound processes on two cores, 1.6x quiet). The tasks then agree to
+// let task 0 run the remaining steps alone. When calls keep doing so (kStallsToHold in a row),
+// the next calls run on one thread from the start: 1, then 2, 4... up to kMostSerialCalls while
+// the stalls go on; a call that runs its threads without one starts the count again. The quiet
+// cores of this virtual machine stall too (0.2-1 ms, about one call in ten): such a stall
+// costs the rest of its own call on one thread, while cores that stay taken (a stall nearly
+// every call) get their threads probed once in 64 calls.
+constexpr int64_t kSlowBarrierNs = 200 * 1000;
+constexpr int kStallsToHold = 3;
+constexpr int kMostSerialCalls = 64;
+std::atomic<int> serial_calls_left{0};
+std::atomic<int> stalled_calls{0};  // threaded calls in a row that gave up their threads
+
+int64_t MonotonicNs() {
+  timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+
+// Whether this call of a recurrent loop may split its steps over threads (see above).
+bool ThreadsWelcome() {
+  int left = serial_calls_left.load(std::memory_order_relaxed);
+  while (left > 0) {
+    if (serial_calls_left.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// After a call that ran its threads: whether a task was descheduled sets the next calls' threads.
+void AfterThreadedCall(bool gave_up) {
+  if (!gave_up) {
+    stalled_calls.store(0, std::memory_order_relaxed);
+    return;
+  }
+  const int stalls = stalled_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (stalls >= kStallsToHold) {
+    const int doublings = std::min(stalls - kStallsToHold, 6);
+    serial_calls_left.store(std::min(1 << doublings, kMostSerialCalls), std::memory_order_relaxed);
+  }
+}
+
 // Task ``task`` runs every step for its slice of hidden units (whole vectors of 16) of every
 // batch row: their gate rows from the whole previous state, then their new state. The tasks
 // meet at a barrier after each step (and in a GRU whose reset gate scales the state before R_h,
 // once more within it), so a task reads only states every task has finished writing. Each
 // element sums the same products in the same order however many tasks there are: the outputs
-// do not depend on the threads.
-void RecurrentSlice(const RecurrentJob& job, int task, int tasks) {
+// do not depend on the threads, nor on a switch to one task midway. A task kept waiting long at
+// a barrier writes, in its own cache line of ``stalls``, the step it is then in (its first such
+// step only); at the start of each step every task reads the lines and counts only stalls
+// written in earlier steps (before the barrier it has just passed), so all tasks see the same
+// ones and decide alike. The lines
+// are written only on a stall: the steps, of a few microseconds, share no cache line otherwise.
+// Returns whether the tasks gave up their threads.
+struct alignas(64) Stall {
+  std::atomic<int64_t> step{-1};
+};
+
+bool RecurrentSlice(const RecurrentJob& job, int task, int tasks, Stall* stalls) {
   const int64_t hidden = job.hidden, width = job.width, batch = job.batch;
-  const int64_t slice = ((hidden + tasks - 1) / tasks + 15) / 16 * 16;
-  const int64_t j0 = std::min(hidden, task * slice), m = std::min(hidden, j0 + slice) - j0;
-  std::vector<float> g(std::max<int64_t>(batch * job.gates * m, 1)), hr(std::max<int64_t>(batch * m, 1));
+  int64_t j0 = 0, m = 0;
+  std::vector<float> g, hr;
+  auto take_slice = [&] {
+    const int64_t slice = ((hidden + tasks - 1) / tasks + 15) / 16 * 16;
+    j0 = std::min(hidden, task * slice);
+    m = std::min(hidden, j0 + slice) - j0;
+    g.resize(std::max<int64_t>(batch * job.gates * m, 1));
+    hr.resize(std::max<int64_t>(batch * m, 1));
+  };
+  take_slice();
+  int64_t step_start = 0;
+  bool waited_long = false, gave_up = false;
   auto barrier = [&] {
     if (tasks > 1) {
+      const int64_t arrived = MonotonicNs();
 #pragma omp barrier
+      const int64_t waited = MonotonicNs() - arrived;
+      waited_long |= waited > kSlowBarrierNs && waited > 4 * (arrived - step_start);
     }
   };
   for (int64_t step = 0; step < job.steps; ++step) {
+    if (tasks > 1) {
+      // Step 0's wait includes waking the pool's threads, slow on a quiet machine too. The first
+      // stall stays: a later one overwriting it could hide it from a task about to read it.
+      std::atomic<int64_t>& mine = stalls[task].step;
+      if (waited_long && step > 1 && mine.load(std::memory_order_relaxed) < 0) {
+        mine.store(step, std::memory_order_relaxed);
+      }
+      if (std::any_of(stalls, stalls + tasks, [step](const Stall& stall) {
+            const int64_t at = stall.step.load(std::memory_order_relaxed);
+            return at >= 0 && at < step;
+          })) {
+        if (task != 0) return true;
+        tasks = 1;
+        gave_up = true;
+        take_slice();
+      }
+    }
+    step_start = MonotonicNs();
+    waited_long = false;
     const int64_t t = job.reverse ? job.steps - 1 - step : step;
     const float* h_prev_all = job.h[step % 2];
     float* h_next_all = job.h[(step + 1) % 2];
@@ -489,6 +578,7 @@ void RecurrentSlice(const RecurrentJob& job, int task, int tasks) {
     }
     barrier();  // the new state whole before the next step reads it
   }
+  return gave_up;
 }
 
 // Below this many multiply-adds per step one thread runs the loop: the barrier each step costs
@@ -552,11 +642,17 @@ void Recurrent(ffi::Tensor x, ffi::Tensor r_t, ffi::Tensor h0, ffi::Tensor c0, f
   job.reset_h = reset_h.data();
   // On OpenMP's threads, the ones oneDNN's calls (the input projection) have just used: a
   // second pool would fight them for the cores. The runtimes size it (OMP_NUM_THREADS).
-  if (batch * hidden * width >= kParallelStepWork && omp_get_max_threads() > 1) {
+  if (batch * hidden * width >= kParallelStepWork && omp_get_max_threads() > 1 && ThreadsWelcome()) {
+    std::unique_ptr<Stall[]> stalls(new Stall[omp_get_max_threads()]);
+    bool gave_up = false;
 #pragma omp parallel
-    RecurrentSlice(job, omp_get_thread_num(), omp_get_num_threads());
+    {
+      const bool given_up = RecurrentSlice(job, omp_get_thread_num(), omp_get_num_threads(), stalls.get());
+      if (omp_get_thread_num() == 0) gave_up = given_up;
+    }
+    AfterThreadedCall(gave_up);
   } else {
-    RecurrentSlice(job, 0, 1);
+    RecurrentSlice(job, 0, 1, nullptr);
   }
   if (steps % 2 == 1) std::memcpy(h, other.data(), sizeof(float) * batch * hidden);
 }
