@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import subprocess
@@ -76,6 +77,25 @@ def test_report_schema_and_geomeans_from_fake_timings(vs_peers):
     assert "- geomean zoo static vs ort: 2.200" in table
     assert "largest 318%" in table and "3 round(s)" in table
     assert "- hf_t5 (edgec): compile: it did not" in table and "- tv_x: no torchvision" in table
+
+
+def test_a_system_that_fails_gets_null_and_its_error_and_the_others_run(vs_peers, mlp_dir,
+                                                                         tmp_path, monkeypatch):
+    """edgec's compile fails (made to): its column is null with the error, onnxruntime and
+    OpenVINO are still timed, beside one busy process, and OpenVINO's outputs checked."""
+    pytest.importorskip("openvino")
+    monkeypatch.setattr(vs_peers.real_models, "compile_model", lambda *a: {
+        "compiled": False, "error": "edgec: error: made to fail"})
+    entry = {"name": "mlp", "suite": "zoo", "kind": "dynamic", "folder": mlp_dir, "split": None}
+    args = argparse.Namespace(threads=1, rounds=2, runs=1, warmup=0, busy=1, timeout=300)
+    rows, failures = vs_peers.measure(entry, tmp_path, args)
+    assert failures == [{"name": "mlp", "system": "edgec",
+                         "error": "compile: edgec: error: made to fail"}]
+    row = vs_peers.make_row(rows[0]["name"], "zoo", "dynamic", rows[0]["per_round"],
+                            rows[0]["error"])
+    assert row["edgec_ms"] is None and row["edgec_error"] is None
+    assert row["onnxruntime_ms"] > 0 and row["openvino_ms"] > 0 and row["openvino_error"] < 1e-5
+    assert len(rows[0]["per_round"]["openvino"]) == 2
 
 
 @pytest.mark.slow
