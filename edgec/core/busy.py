@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import queue
 import time
 from typing import Iterator
 
@@ -29,6 +30,25 @@ def _spin(ready, parent: int, max_seconds: float) -> None:
     while time.monotonic() < deadline and os.getppid() == parent:
         for step in range(200_000):  # about 10 ms of work between the checks above
             value ^= step
+
+
+def _wait_started(processes: list, ready, timeout: float = 60.0) -> None:
+    """Wait until every process has entered its loop; fail in one line if one died first."""
+    deadline = time.monotonic() + timeout
+    started = 0
+    while started < len(processes):
+        try:
+            ready.get(timeout=0.2)
+            started += 1
+        except queue.Empty:
+            dead = [p.exitcode for p in processes if p.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                why = f"exit code {dead[0]}" if dead else f"not running after {timeout:.0f} s"
+                # spawn runs the parent's main script again in the child: unguarded, it fails there
+                raise EdgecError(
+                    f"a --busy background process did not start ({why}); a script that runs "
+                    "edgec's bench must keep its top-level code under "
+                    "`if __name__ == \"__main__\":`") from None
 
 
 @contextlib.contextmanager
@@ -50,8 +70,7 @@ def busy_processes(count: int, max_seconds: float = MAX_SECONDS) -> Iterator[lis
     try:
         for process in processes:
             process.start()
-        for _ in processes:
-            ready.get(timeout=60)
+        _wait_started(processes, ready)
         yield [process.pid for process in processes]
     finally:
         for process in processes:

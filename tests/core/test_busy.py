@@ -29,3 +29,17 @@ def test_none_or_a_negative_count():
     with pytest.raises(EdgecError, match="--busy"):
         with busy_processes(-1):
             pass
+
+
+def test_a_process_that_dies_at_start_fails_in_one_line(monkeypatch):
+    """A child that exits before its loop (as one re-running an unguarded main script does)."""
+    import edgec.core.busy as busy
+
+    monkeypatch.setattr(busy, "_spin", _exit_at_once)
+    with pytest.raises(EdgecError, match="did not start \\(exit code 3\\).*__main__"):
+        with busy.busy_processes(1):
+            pass
+
+
+def _exit_at_once(ready, parent, max_seconds):
+    raise SystemExit(3)
