@@ -120,6 +120,28 @@ def _load_systems(spec: dict, model) -> tuple[dict[str, Callable], dict[str, str
     return calls, errors
 
 
+def _max_error(outputs: dict, system: str, group: list, errors: dict[str, str]) -> float | None:
+    """``system``'s max relative error against onnxruntime over ``group``'s samples (3 significant
+    digits), or None where either did not run or where shapes, NaN or Inf differ (then noted in
+    ``errors``)."""
+    from edgec.stages.bench import compare_outputs
+
+    if system in errors or "onnxruntime" in errors:
+        return None
+    worst = 0.0
+    for sample in group:
+        reference, got = outputs["onnxruntime"][sample.name], outputs[system][sample.name]
+        missing = sorted(set(reference) - set(got))
+        if missing:
+            errors[system] = f"outputs: no output {', '.join(missing)} to compare"
+            return None
+        worst = max(worst, compare_outputs(got, reference)["max_rel"])
+    if not math.isfinite(worst):
+        errors[system] = "outputs: shapes, NaN or Inf differ from onnxruntime's"
+        return None
+    return float(f"{worst:.3g}")
+
+
 def worker(spec_path: Path) -> None:
     """In a process of its own: time the three systems on one model in alternating rounds and
     compare outputs; writes ``spec["output"]`` (JSON) with per-row per-round medians, errors
@@ -127,7 +149,7 @@ def worker(spec_path: Path) -> None:
     from edgec.core.busy import busy_processes
     from edgec.core.model import load_model
     from edgec.core.samples import load_samples, sample_dims
-    from edgec.stages.bench import BenchSettings, compare_outputs, time_calls
+    from edgec.stages.bench import BenchSettings, time_calls
 
     spec = json.loads(spec_path.read_text())
     model = load_model(spec["model"])
@@ -149,25 +171,13 @@ def worker(spec_path: Path) -> None:
                         stats, outs = time_calls(calls[system], model, group, settings, system)
                         rounds[system][key].append(stats["p50_ms"])
                         if index == 0:
-                            outputs[system].update((s.name, o) for s, o in zip(group, outs))
+                            outputs[system].update((x.name, o) for x, o in zip(group, outs))
                 except Exception as exc:  # noqa: BLE001
                     errors[system] = "run: " + _error_text(exc)
-    accuracy: dict[str, float | None] = {}
-    reference = outputs.get("onnxruntime", {}) if "onnxruntime" not in errors else {}
-    for system in ("edgec", "openvino"):
-        if system in errors or not reference:
-            accuracy[system] = None
-            continue
-        try:
-            worst = max(compare_outputs(outputs[system][name], ref)["max_rel"]
-                        for name, ref in reference.items())
-        except KeyError as exc:
-            worst, errors[system] = math.inf, f"outputs: no output {exc} to compare"
-        if math.isinf(worst) or math.isnan(worst):
-            errors.setdefault(system, "outputs: shapes, NaN or Inf differ from onnxruntime's")
-            worst = None
-        accuracy[system] = None if worst is None else float(f"{worst:.3g}")
-    result = {"rows": {key: {s: (None if s in errors else rounds[s][key]) for s in SYSTEMS}
+    failed = set(errors)  # these systems' times are void; an output mismatch only is reported
+    accuracy = {key: {system: _max_error(outputs, system, group, errors) for system in
+                      ("edgec", "openvino")} for key, group in groups.items()}
+    result = {"rows": {key: {s: (None if s in failed else rounds[s][key]) for s in SYSTEMS}
                        for key in groups},
               "error": accuracy, "failures": errors}
     Path(spec["output"]).write_text(json.dumps(result))
@@ -367,7 +377,7 @@ def measure(entry: dict, tmp: Path, args: argparse.Namespace) -> tuple[list[dict
     else:
         result = json.loads(output.read_text())
     rows = [{"name": f"{name} {key}".strip(), "suite": entry["suite"], "kind": entry["kind"],
-             "per_round": per_round, "error": result["error"]}
+             "per_round": per_round, "error": result["error"].get(key, {})}
             for key, per_round in result["rows"].items()]
     failures = [{"name": name, "system": s, "error": e} for s, e in result["failures"].items()]
     for row in rows:
@@ -413,8 +423,10 @@ def main(argv: list[str] | None = None) -> int:
     zoo_names = SMALL["zoo"] if args.small else vs_ort.STATIC + vs_ort.DYNAMIC
     real_names = SMALL["real"] if args.small else None
     if only:
+        from edgec import zoo
+
         known_real = {e["name"] for e in real_models.suite()}
-        unknown = set(only) - known_real - set(vs_ort.STATIC + vs_ort.DYNAMIC + vs_ort.SMALL)
+        unknown = set(only) - known_real - set(zoo.names())
         if unknown:
             parser.error(f"unknown models: {', '.join(sorted(unknown))}")
         zoo_names = [n for n in only if n not in known_real]
