@@ -105,7 +105,7 @@ def _max_rel_diff(edgec_npz: Path, ort_npz: Path) -> float:
     return compare_outputs(got_all, {k: want[k] for k in want.files})["max_rel"]
 
 
-def _geomean(values: list[float]) -> float | None:
+def geomean(values: list[float]) -> float | None:
     return round(math.exp(sum(math.log(v) for v in values) / len(values)), 4) if values else None
 
 
@@ -194,8 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
     report = {
         "models": rows,
-        "geomean_static": _geomean([r["ratio"] for r in rows if r["kind"] == "static"]),
-        "geomean_dynamic": _geomean([r["ratio"] for r in rows if r["kind"] == "dynamic"]),
+        "geomean_static": geomean([r["ratio"] for r in rows if r["kind"] == "static"]),
+        "geomean_dynamic": geomean([r["ratio"] for r in rows if r["kind"] == "dynamic"]),
     }
     setup = {"target": target_used, "threads": args.threads, "runs": runs, "warmup": warmup,
              "rounds": rounds}

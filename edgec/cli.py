@@ -570,13 +570,16 @@ def _describe_output(name: str, value: np.ndarray) -> str:
                    "long (like trtexec --duration); 0: one pass.")
 @click.option("--warmup", default=2, show_default=True, type=int, help="Unmeasured calls per sample.")
 @click.option("--threads", default=2, show_default=True, type=int, help="Threads for both runtimes.")
+@click.option("--busy", default=0, show_default=True, type=int,
+              help="CPU-bound background processes to run while every system is measured.")
 @click.option("--target", default=None, help="Bench this target's library (default: this host's).")
 @click.option("--baselines", default="onnxruntime,onnxruntime-1t", show_default=True,
               help="Comma-separated: onnxruntime, onnxruntime-1t (one thread), tvm-plain (TVM, no plan).")
 @_require_signature_opt
 @_out_opt("Where to write the result (JSON).")
 def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, runs: int,
-              min_seconds: float, warmup: int, threads: int, target: str | None, baselines: str,
+              min_seconds: float, warmup: int, threads: int, busy: int, target: str | None,
+              baselines: str,
               public_key: Path | None,
               output: Path) -> None:
     """Measure latency and accuracy against onnxruntime (torch for a .pt2 program) in the same
@@ -594,7 +597,8 @@ def bench_cmd(artifact: Path, samples: _SampleSource, model_path: Path | None, r
         model_path = Path(source)
     # Named as the artifact names it (`--name` at build), so its measurements are recorded so too.
     loaded = load_model(model_path, built_from["name"])
-    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads, min_seconds=min_seconds)
+    settings = BenchSettings(runs=runs, warmup=warmup, threads=threads, min_seconds=min_seconds,
+                             busy=busy)
     chosen = tuple(b.strip() for b in baselines.split(",") if b.strip())
     result = benchmark(artifact, loaded, samples.read(loaded), settings,
                        target=target, baselines=chosen, require_signature=public_key)

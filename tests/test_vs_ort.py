@@ -45,7 +45,7 @@ def test_markdown_table_and_geomean():
         import vs_ort
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    assert vs_ort._geomean([1.0, 4.0]) == 2.0 and vs_ort._geomean([]) is None
+    assert vs_ort.geomean([1.0, 4.0]) == 2.0 and vs_ort.geomean([]) is None
     report = {"models": [{"name": "m", "kind": "static", "edgec_ms": 2.0, "onnxruntime_ms": 1.0,
                           "ratio": 2.0}], "geomean_static": 2.0, "geomean_dynamic": None}
     table = vs_ort.markdown(report)

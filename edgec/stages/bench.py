@@ -2,7 +2,8 @@
 
 edgec and each baseline run one after the other (never interleaved; onnxruntime's threads do not
 spin), each with its warm-up, on the same samples. Latencies are per call, wall clock; ratios are
-edgec's median over the baseline's median, so machine noise that hits both cancels out.
+edgec's median over the baseline's median, so machine noise that hits both cancels out. With
+``busy`` set, that many CPU-bound background processes run while every system is measured.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pandas as pd
 
 from edgec import runtime
 from edgec.core import remote
+from edgec.core.busy import busy_processes
 from edgec.core.model import Model
 from edgec.core.provenance import tool_versions
 from edgec.core.reference import reference_for, reference_session
@@ -47,18 +49,22 @@ class BenchSettings:
 
     Each system makes ``runs`` measured calls per sample; with ``min_seconds``, it repeats such
     passes over the samples until that much time has passed (as trtexec's ``--duration``), so a
-    fast model gets enough calls for its tail percentiles.
+    fast model gets enough calls for its tail percentiles. ``busy`` CPU-bound background processes
+    (``edgec.core.busy``) run while the systems are measured: a machine that is not the runtime's
+    alone, as an edge device's cores seldom are.
     """
 
     runs: int = 10
     warmup: int = 2
     threads: int = 2
     min_seconds: float = 0.0
+    busy: int = 0
 
     def check(self) -> None:
-        if self.runs < 1 or self.warmup < 0 or self.threads < 1 or not self.min_seconds >= 0:
-            raise EdgecError("--runs and --threads must be at least 1, --warmup and --min-seconds "
-                             "at least 0")
+        if (self.runs < 1 or self.warmup < 0 or self.threads < 1 or not self.min_seconds >= 0
+                or self.busy < 0):
+            raise EdgecError("--runs and --threads must be at least 1, --warmup, --min-seconds "
+                             "and --busy at least 0")
 
 
 _PERCENTILES = {"p50_ms": 0.5, "p90_ms": 0.9, "p99_ms": 0.99}
@@ -365,12 +371,13 @@ def bench(
 
     ``model`` must be the model the artifact was built from. Each system runs every sample
     ``warmup`` times unmeasured, then ``runs`` times measured; systems run one after the other,
-    edgec first. The reference is always measured, and accuracy and the ratio are against it:
-    ``onnxruntime`` (``settings.threads`` threads) for an ONNX model, ``torch`` (the program run
-    eagerly) for a PyTorch program, which has no ONNX graph for onnxruntime's baselines (the
-    result's ``notes`` say so). Other baselines: ``onnxruntime-1t`` (one thread) and
-    ``tvm-plain`` (the same model built by TVM with no plan, which compiles it here). The
-    result's ``reference`` names the reference system, whose stats are under that key.
+    edgec first, all beside ``settings.busy`` CPU-bound background processes. The reference is
+    always measured, and accuracy and the ratio are against it: ``onnxruntime``
+    (``settings.threads`` threads) for an ONNX model, ``torch`` (the program run eagerly) for a
+    PyTorch program, which has no ONNX graph for onnxruntime's baselines (the result's ``notes``
+    say so). Other baselines: ``onnxruntime-1t`` (one thread) and ``tvm-plain`` (the same model
+    built by TVM with no plan, which compiles it here). The result's ``reference`` names the
+    reference system, whose stats are under that key.
     """
     settings.check()
     unknown = sorted(set(baselines) - set(BASELINES))
@@ -398,19 +405,21 @@ def bench(
     systems = ["edgec", reference] + [b for b in baselines if b != reference]
     progress = _Progress(len(samples) * len(systems), "bench")
     measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
-    measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
-    region_rows = _region_timings(compiled, model, samples, shapes, measured["edgec"][0], settings)
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    with tempfile.TemporaryDirectory(prefix="edgec-bench-") as tmp:
-        for name in systems[1:]:
-            if name == "tvm-plain":
-                call = _plain_tvm_build(model, compiled.target, Path(tmp))
-            elif name == "torch":
-                call = reference_for(model).run
-            else:
-                threads = 1 if name == "onnxruntime-1t" else settings.threads
-                call = reference_session(model.proto, threads=threads).run
-            measured[name] = _measure(call, samples, shapes, settings, progress, name)
+    with busy_processes(settings.busy):
+        measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
+        region_rows = _region_timings(compiled, model, samples, shapes, measured["edgec"][0],
+                                      settings)
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        with tempfile.TemporaryDirectory(prefix="edgec-bench-") as tmp:
+            for name in systems[1:]:
+                if name == "tvm-plain":
+                    call = _plain_tvm_build(model, compiled.target, Path(tmp))
+                elif name == "torch":
+                    call = reference_for(model).run
+                else:
+                    threads = 1 if name == "onnxruntime-1t" else settings.threads
+                    call = reference_session(model.proto, threads=threads).run
+                measured[name] = _measure(call, samples, shapes, settings, progress, name)
     progress.close()
 
     reference_outputs = measured[reference][1]
@@ -473,12 +482,15 @@ def bench(
 def summary_line(result: BenchResult) -> str:
     """One line for the terminal: edgec's p50 and each baseline's with edgec's ratio to it, the
     largest difference from onnxruntime, and what the timings hold where they are not plain
-    wall clock on this machine (an RPC round trip, qemu)."""
+    wall clock on this machine (an RPC round trip, qemu), and the background load it ran beside."""
     parts = [f"edgec p50 {result['edgec']['p50_ms']:.3f} ms"]
     for name, stats in result["baselines"].items():
         ratio = "n/a" if stats["ratio_p50"] is None else f"{stats['ratio_p50']:.3f}"
         parts.append(f"{name} {stats['p50_ms']:.3f} ms (edgec/{name} {ratio})")
     line = "; ".join(parts) + f"; max abs diff {result['accuracy']['max_abs']:.3g}"
+    busy = result.data.get("settings", {}).get("busy", 0)
+    if busy:
+        line += f"; beside {busy} busy background process{'es' if busy > 1 else ''}"
     mode = result.data.get("run", {}).get("mode", "local")
     if mode == "rpc":
         line += ("; edgec's times and ratios include the RPC network round trip and the transfer "

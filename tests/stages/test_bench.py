@@ -1,4 +1,7 @@
+import contextlib
 import math
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -96,3 +99,32 @@ def test_bench_refuses_another_model(mlp_artifact):
     other = from_proto(mlp_model(seed=9))
     with pytest.raises(StageInputError, match="another model"):
         bench(mlp_artifact, other, [Sample("s", mlp_samples([(1, 2)])[0])])
+
+
+def test_busy_runs_background_processes_only_while_bench_measures(mlp_artifact, tmp_path,
+                                                                   monkeypatch, capsys):
+    """`edgec bench --busy 2`: two processes, alive while the systems are measured, gone (reaped)
+    once bench returns; the result and the summary line say so."""
+    from edgec.cli import main
+
+    started = []
+    real = bench_module.busy_processes
+
+    @contextlib.contextmanager
+    def recording(count):
+        with real(count) as pids:
+            started.append([(pid, Path(f"/proc/{pid}").exists()) for pid in pids])
+            yield pids
+
+    monkeypatch.setattr(bench_module, "busy_processes", recording)
+    out = tmp_path / "r.json"
+    assert main(["bench", str(mlp_artifact), "--samples", str(mlp_artifact.parent / "samples"),
+                 "--runs", "2", "--busy", "2", "--baselines", "onnxruntime", "-o", str(out)]) == 0
+    assert len(started) == 1 and len(started[0]) == 2
+    pids = [pid for pid, alive in started[0] if alive]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert BenchResult.load(out)["settings"]["busy"] == 2
+    assert "beside 2 busy background processes" in capsys.readouterr().out
+    with pytest.raises(EdgecError, match="--busy"):
+        BenchSettings(busy=-1).check()
