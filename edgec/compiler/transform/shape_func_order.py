@@ -16,6 +16,7 @@ and the libraries' bytes (and sha256) differ. ``OrderShapeFunctions`` runs right
 from __future__ import annotations
 
 import heapq
+import itertools
 
 import tvm
 import tvm_ffi
@@ -137,6 +138,9 @@ def _canonical(mod: tvm.IRModule) -> tuple[dict, dict]:
     for _, func in sorted(relax_functions, key=lambda item: item[0]):
         relax.analysis.post_order_visit(func, note)
     uses += sorted((g for g in sorted_functions if g not in uses), key=lambda g: g.name_hint)
+    taken = {g.name_hint for g in mod.functions if g not in sorted_functions}
+    fresh = (name for name in (f"shape_func{k or ''}" for k in itertools.count())
+             if name not in taken)  # a kernel may be named so too (NMS's shape_func)
     names: dict = {}
     copies: dict = {}
     for gvar in uses:
@@ -144,7 +148,7 @@ def _canonical(mod: tvm.IRModule) -> tuple[dict, dict]:
         same = next((g for g, f in copies.items()
                      if tvm_ffi.structural_equal(f, func, map_free_vars=True)), None)
         if same is None:
-            same = relax.GlobalVar(f"shape_func{len(copies) or ''}")
+            same = relax.GlobalVar(next(fresh))
             _update_type(same, gvar.ty)
             copies[same] = func
         names[gvar] = same

@@ -126,3 +126,30 @@ def test_two_builds_of_a_model_give_identical_bytes(tmp_path):
     digests = {subprocess.run([sys.executable, "-c", _BUILD, str(tmp_path)], capture_output=True,
                               text=True, check=True).stdout.split()[-1] for _ in range(2)}
     assert len(digests) == 1
+
+
+@I.ir_module(check_well_formed=False)
+class KernelNamedShapeFunc:
+    @T.prim_func(s_tir=True)
+    def shape_func(A: T.Buffer((T.int64(2),), "int64")):
+        A[T.int64(0)] = A[T.int64(1)]
+
+    @T.prim_func(s_tir=True)
+    def shape_func1(H: T.Buffer((T.int64(5),), "int64")):
+        T.func_attr({"tirx.is_host_func": True})
+        H[T.int64(1)] = H[T.int64(0)] * T.int64(3)
+
+    @R.function
+    def main(shape_heap: R.Tensor((5,), "int64")) -> R.Tensor((5,), "int64"):
+        cls = KernelNamedShapeFunc
+        cls.shape_func1(shape_heap)
+        return shape_heap
+
+
+def test_a_kernel_already_named_shape_func_keeps_its_name():
+    """TOPI names some kernels shape_func too (NonMaxSuppression's): the shape functions take
+    the free names."""
+    renamed = OrderShapeFunctions(KernelNamedShapeFunc)
+    assert tvm_ffi.structural_equal(renamed["shape_func"], KernelNamedShapeFunc["shape_func"])
+    assert sorted(g.name_hint for g in renamed.functions) == ["main", "shape_func", "shape_func1"]
+    assert "tirx.is_host_func" in renamed["shape_func1"].attrs
