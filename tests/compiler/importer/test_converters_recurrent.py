@@ -320,14 +320,6 @@ def test_a_recurrent_layer_inside_nested_ifs_is_rewritten_too(tmp_path):
                                    rtol=1e-4, atol=1e-5)
 
 
-def _spin(seconds: float) -> None:
-    import time
-
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_threads_giving_up_on_a_busy_machine_keep_the_outputs_bit_for_bit(op, tmp_path):
@@ -335,24 +327,16 @@ def test_threads_giving_up_on_a_busy_machine_keep_the_outputs_bit_for_bit(op, tm
     and its partner waits at the step's barrier: the tasks then hand the remaining steps to one
     thread (runtime_kernels.cc, kSlowBarrierNs). Whenever that happens, each element still sums
     the same products in the same order, so every call's outputs equal a quiet call's exactly."""
-    import multiprocessing
     import os
+
+    from edgec.core.busy import busy_processes
 
     proto, arrays = recurrent(op, hidden=72, features=8, lens=True, initial=True, scale=0.1)
     feeds = [feed(proto, arrays, 40, 4, lens=[40, 31, 17, 40])]
-    _, _ = run_edgec(proto, feeds, tmp_path)
+    run_edgec(proto, feeds, tmp_path)
     loaded = runtime.load(tmp_path / "recurrent.edgec", threads=2)
     quiet = loaded.run(feeds[0])
-    context = multiprocessing.get_context("spawn")
-    busy = [context.Process(target=_spin, args=(120.0,), daemon=True)
-            for _ in range(os.cpu_count() or 2)]
-    for process in busy:
-        process.start()
-    try:
+    with busy_processes(os.cpu_count() or 2):
         for _ in range(60):
             for name, value in loaded.run(feeds[0]).items():
                 np.testing.assert_array_equal(value, quiet[name], err_msg=name)
-    finally:
-        for process in busy:
-            process.terminate()
-            process.join()
