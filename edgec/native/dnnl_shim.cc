@@ -355,6 +355,53 @@ void DenseExport(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags,
   }
 }
 
+// batch_matmul(a[*batch, M, K], b[*batch, K, N], out[*batch, M, N]): out = a @ b per batch
+// entry, the batch dims (the same in a and b) flattened into one. Both operands are activations:
+// nothing is packed ahead (attention's scores and weighted values).
+void BatchMatmul(DLTensor* a, DLTensor* b, DLTensor* dst) {
+  CheckFloat32(a, "edgec dnnl", "batch_matmul a");
+  CheckFloat32(b, "edgec dnnl", "batch_matmul b");
+  CheckFloat32(dst, "edgec dnnl", "batch_matmul output");
+  const int rank = a->ndim;
+  bool same_batch = rank >= 3 && b->ndim == rank && dst->ndim == rank;
+  int64_t batch = 1;
+  for (int i = 0; same_batch && i + 2 < rank; ++i) {
+    same_batch = a->shape[i] == b->shape[i] && a->shape[i] == dst->shape[i];
+    batch *= a->shape[i];
+  }
+  if (!same_batch || a->shape[rank - 1] != b->shape[rank - 2]) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: batch_matmul needs a [*batch, M, K], b [*batch, K, N]";
+  }
+  const int64_t m = a->shape[rank - 2], k = a->shape[rank - 1], n = b->shape[rank - 1];
+  if (batch == 0 || m == 0 || n == 0) return;
+  SerialScope serial(batch * m * k * n < kSerialMacs);
+  static PrimitiveCache<MatmulEntry> cache;
+  auto entry = cache.Get({batch, m, k, n}, [&]() {
+    dnnl::matmul::desc desc(memory::desc({batch, m, k}, dt::f32, tag::abc),
+                            memory::desc({batch, k, n}, dt::f32, tag::abc),
+                            memory::desc({batch, m, n}, dt::f32, tag::abc));
+    dnnl::matmul::primitive_desc pd(desc, Engine());
+    auto entry = std::make_shared<MatmulEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::matmul(pd);
+    return entry;
+  });
+  const auto& pd = entry->pd;
+  entry->primitive.execute(
+      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), FloatData(a))},
+                 {DNNL_ARG_WEIGHTS, memory(pd.weights_desc(), Engine(), FloatData(b))},
+                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), FloatData(dst))}});
+  Stream().wait();
+}
+
+void BatchMatmulExport(DLTensor* a, DLTensor* b, DLTensor* dst) {
+  try {
+    BatchMatmul(a, b, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl batch_matmul: " << e.what();
+  }
+}
+
 }  // namespace
 
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d)
@@ -365,4 +412,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_conv2d_add, Conv2dAddExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_dense)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_dense, DenseExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_batch_matmul)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_batch_matmul, BatchMatmulExport);
 #endif

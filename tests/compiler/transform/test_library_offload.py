@@ -4,6 +4,7 @@ and compared with the module it should become (IR only: nothing is compiled)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tvm
 from tvm.script import ir as I, relax as R, tirx as T
 
@@ -197,3 +198,44 @@ def test_dispatch_with_stats_is_the_three_passes_in_order_and_leaves_its_input_a
     # The batch norm went into the conv; the output comes back from NCHW8c once.
     ops = [b.value.op.name for b in out["main"].body.blocks[0].bindings]
     assert ops == ["relax.call_dps_packed", "relax.layout_transform"]
+
+
+@I.ir_module
+class _Attention:
+    @R.function
+    def main(q: R.Tensor(("batch", 4, "seq", 64), "float32"),
+             kt: R.Tensor(("batch", 4, 64, "seq"), "float32"),
+             bias: R.Tensor((1, 4, 64, 64), "float32"),
+             other: R.Tensor((2, 4, 64, 64), "float32")):
+        batch, seq = T.int64(), T.int64()
+        with R.dataflow():
+            scores = R.matmul(q, kt)  # same batch dims: the library
+            broadcast = R.matmul(bias, other)  # batch 1 against 2: stays TVM's
+            R.output(scores, broadcast)
+        return scores, broadcast
+
+
+def test_offload_sends_an_activation_matmul_with_equal_batch_dims_to_the_library():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(q: R.Tensor(("batch", 4, "seq", 64), "float32"),
+                 kt: R.Tensor(("batch", 4, 64, "seq"), "float32"),
+                 bias: R.Tensor((1, 4, 64, 64), "float32"),
+                 other: R.Tensor((2, 4, 64, 64), "float32")):
+            batch, seq = T.int64(), T.int64()
+            with R.dataflow():
+                scores = R.call_dps_packed("edgec_dnnl_batch_matmul", (q, kt),
+                                           out_ty=R.Tensor((batch, 4, seq, seq), "float32"))
+                broadcast = R.matmul(bias, other)
+                R.output(scores, broadcast)
+            return scores, broadcast
+
+    stats = DispatchStats()
+    tvm.ir.assert_structural_equal(Offload(DispatchRules(batch_matmul=True), stats)(_Attention),
+                                   Expected)
+    assert stats.calls == {"edgec_dnnl_batch_matmul": 1}
+    # Off by default (XNNPACK has no such function), and refused there.
+    tvm.ir.assert_structural_equal(Offload(DispatchRules())(_Attention), _Attention)
+    with pytest.raises(ValueError, match="only the oneDNN shim"):
+        DispatchRules(library="xnn", batch_matmul=True)

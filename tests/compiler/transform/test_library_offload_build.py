@@ -502,3 +502,36 @@ def test_compiled_1d_convolutions_match_onnxruntime(monkeypatch, tmp_path):
         x = rng.standard_normal((batch, 8, length)).astype(np.float32)
         np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
                                    rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_attention_matmuls_run_as_library_batched_matmuls_and_match_onnxruntime(tmp_path):
+    """softmax(q kᵀ) v over symbolic batch and seq: both activation matmuls are oneDNN batched
+    matmuls (edgec_dnnl_batch_matmul), at the profiled shapes and at one never seen."""
+    import edgec
+
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2, "seq", 16])
+              for n in ("q", "k", "v")]
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, "seq", 16])
+    proto = helper.make_model(helper.make_graph(nodes, "attention", inputs, [output]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+
+    def sample(name, batch, seq):
+        return Sample(name, {n: rng.standard_normal((batch, 2, seq, 16)).astype(np.float32)
+                             for n in ("q", "k", "v")})
+
+    samples = [sample(f"s{i}", b, s) for i, (b, s) in enumerate([(1, 8), (1, 8), (2, 33)])]
+    target = load_target("x86_64")
+    compiled = edgec.compile(from_proto(proto, "attention"), samples, [target])
+    library = compiled.artifact.manifest["libraries"]["x86_64"]
+    assert library["linked_functions"] == ["edgec_dnnl_batch_matmul"]
+    loaded = edgec.runtime.load(compiled.artifact.save(tmp_path / "attention.edgec"))
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for s in samples + [sample("unseen", 3, 21)]:
+        np.testing.assert_allclose(loaded.run(s.arrays)["y"], session.run(None, s.arrays)[0],
+                                   rtol=1e-5, atol=1e-5, err_msg=s.name)

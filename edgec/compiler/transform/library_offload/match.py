@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import tvm_ffi
 from tvm import relax
 
 from edgec.compiler.ir import static_shape
@@ -161,6 +162,39 @@ def _dense_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
     return _Group(tail=ep.tail, drop=ep.drop, build=build)
 
 
+def _batch_matmul_group(binding: _Binding, rules: DispatchRules,
+                        stats: DispatchStats) -> _Group | None:
+    """``a @ b`` of two float32 activations [*batch, M, K] and [*batch, K, N] with the same
+    batch dims, as one oneDNN batched matmul (no epilogue: what follows stays TVM's)."""
+    call = binding.value
+    a, b = call.args
+    if (not _float32(a) or not _float32(b) or constant_value(b) is not None
+            or call.attrs.out_dtype not in (None, "", "float32")):
+        return None
+    a_dims, b_dims = (getattr(x.ty.shape, "values", None) for x in (a, b))
+    if a_dims is None or b_dims is None or len(a_dims) != len(b_dims) or len(a_dims) not in (3, 4):
+        return None
+    if not all(_same_dim(x, y) for x, y in zip(a_dims[:-2], b_dims[:-2])):
+        return None  # broadcast batch dims: TVM's kernel
+    if not _same_dim(a_dims[-1], b_dims[-2]):
+        return None
+    shape = static_shape(a), static_shape(b)
+    if None not in shape and int(np.prod(shape[0])) * shape[1][-1] < rules.dense_min_macs:
+        return None
+    name = rules.symbol("batch_matmul")
+    stats.add(name)
+    out_ty = binding.var.ty
+
+    def build(visit, emit):
+        return relax.call_dps_packed(name, [visit(a), visit(b)], out_ty)
+
+    return _Group(tail=binding.var, drop={binding.var}, build=build)
+
+
+def _same_dim(x, y) -> bool:
+    return bool(tvm_ffi.structural_equal(x, y))
+
+
 def _library_groups(analysis: _Analysis, rules: DispatchRules,
                     stats: DispatchStats) -> list[_Group]:
     groups: list[_Group] = []
@@ -173,6 +207,8 @@ def _library_groups(analysis: _Analysis, rules: DispatchRules,
             group = _conv_group(analysis, binding, rules, taken, stats)
         elif rules.dense and _is_call(binding.value, _MATMUL):
             group = _dense_group(analysis, binding, rules, taken, stats)
+            if group is None and rules.batch_matmul:
+                group = _batch_matmul_group(binding, rules, stats)
         if group is not None:
             groups.append(group)
             taken |= group.drop
