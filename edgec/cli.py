@@ -91,8 +91,6 @@ class _SampleSource:
             if self.shape_sets:
                 raise EdgecError("pass either --samples or --shapes, not both")
             return load_samples(self.path, model)
-        if self.count < 1:
-            raise EdgecError(f"--count {self.count}: random inputs need at least 1 per shape set")
         samples = random_samples(model, list(self.shape_sets), self.count, self.seed,
                                  self.int_range)
         click.echo(f"note: no --samples: {len(samples)} random inputs (seed {self.seed}); a plan, "
@@ -120,7 +118,8 @@ def _samples_opt(func):
         "--shapes", "shape_sets", multiple=True, type=_ShapesType(),
         help="Without --samples: shapes for random inputs, as NAME:1x3x224x224 or DIM=N, "
              "comma-separated; repeat for several shape sets. A static model needs none.")(command)
-    command = click.option("--count", "sample_count", default=4, show_default=True, type=int,
+    command = click.option("--count", "sample_count", default=4, show_default=True,
+                           type=click.IntRange(min=1),
                            help="Without --samples: random samples per shape set.")(command)
     command = click.option(
         "--int-range", default=None, type=_IntRangeType(),

@@ -186,8 +186,13 @@ def _same_shape(a: relax.Expr, b: relax.Expr) -> bool:
     va, vb = getattr(sa.shape, "values", None), getattr(sb.shape, "values", None)
     if va is None or vb is None or len(va) != len(vb):
         return False
+    return _equal_dims(va, vb)
+
+
+def _equal_dims(xs, ys) -> bool:
+    """Whether two lists of dims are provably equal, dim by dim (symbolic ones too)."""
     analyzer = tvm.sym.Analyzer()
-    return all(analyzer.can_prove_equal(x, y) for x, y in zip(va, vb))
+    return len(xs) == len(ys) and all(analyzer.can_prove_equal(x, y) for x, y in zip(xs, ys))
 
 
 def _is_call(expr: relax.Expr | None, op: tvm.ir.Op) -> bool:

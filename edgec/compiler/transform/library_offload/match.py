@@ -7,15 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import tvm_ffi
 from tvm import relax
 
 from edgec.compiler.ir import static_shape
-from edgec.compiler.transform.library_offload.analysis import (_ADD, _Analysis, _Binding, _CONV1D,
-                                                               _CONV2D, _DIVIDE, _float32, _Group, _is_call,
-                                                               _MATMUL, _MULTIPLY, _per_channel,
-                                                               _RELU, _same_shape, _SUBTRACT,
-                                                               constant_value, weight_id)
+from edgec.compiler.transform.library_offload.analysis import (
+    _ADD, _Analysis, _Binding, _CONV1D, _CONV2D, _DIVIDE, _equal_dims, _float32, _Group, _is_call,
+    _MATMUL, _MULTIPLY, _per_channel, _RELU, _same_shape, _SUBTRACT, constant_value, weight_id)
 from edgec.compiler.transform.library_offload.rules import DispatchRules, DispatchStats, FLAG_RELU
 
 
@@ -174,9 +171,9 @@ def _batch_matmul_group(binding: _Binding, rules: DispatchRules,
     a_dims, b_dims = (getattr(x.ty.shape, "values", None) for x in (a, b))
     if a_dims is None or b_dims is None or len(a_dims) != len(b_dims) or len(a_dims) not in (3, 4):
         return None
-    if not all(_same_dim(x, y) for x, y in zip(a_dims[:-2], b_dims[:-2])):
+    if not _equal_dims(a_dims[:-2], b_dims[:-2]):
         return None  # broadcast batch dims: TVM's kernel
-    if not _same_dim(a_dims[-1], b_dims[-2]):
+    if not _equal_dims([a_dims[-1]], [b_dims[-2]]):
         return None
     shape = static_shape(a), static_shape(b)
     if None not in shape and int(np.prod(shape[0])) * shape[1][-1] < rules.dense_min_macs:
@@ -189,10 +186,6 @@ def _batch_matmul_group(binding: _Binding, rules: DispatchRules,
         return relax.call_dps_packed(name, [visit(a), visit(b)], out_ty)
 
     return _Group(tail=binding.var, drop={binding.var}, build=build)
-
-
-def _same_dim(x, y) -> bool:
-    return bool(tvm_ffi.structural_equal(x, y))
 
 
 def _library_groups(analysis: _Analysis, rules: DispatchRules,
