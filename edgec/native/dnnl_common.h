@@ -6,7 +6,10 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <vector>
 
@@ -60,21 +63,83 @@ constexpr int64_t kSerialMacs = int64_t(1) << 21;
 // sleeping OpenMP threads costs more than the second core saves.
 constexpr int64_t kSerialConvMacs = int64_t(1) << 21;
 
-// Holds OpenMP to one thread for its lifetime when `serial` (small matmuls and convolutions):
-// created and executed alike, so their work split matches the threads that run it.
-class SerialScope {
+// Whether OpenMP's threads can be counted on now. A parallel oneDNN call ends at a barrier that
+// waits for every OpenMP thread; when other processes hold the cores, a descheduled partner keeps
+// the caller waiting for a scheduler time slice (a few ms) per call: beside 2 CPU-bound processes
+// on 2 cores, hf_hubert's oneDNN calls made it 5-32x onnxruntime's time, 1.1-1.3x with one
+// thread. A parallel call whose caller spent more than kStallNs, and more than half the call,
+// off its CPU (libgomp sleeps after GOMP_SPINCOUNT spins, which edgec's runtime keeps short)
+// makes the next calls run on one thread for a hold that doubles with each stalled call, up to
+// kMaxHoldNs, and halves with each clean one; the first parallel call after a hold is the probe.
+// The recurrent loop in runtime_kernels.cc detects its stalls at its own per-step barrier.
+class Contention {
  public:
-  explicit SerialScope(bool serial) : saved_(serial ? omp_get_max_threads() : 0) {
-    if (saved_ > 1) omp_set_num_threads(1);
+  static Contention& Get() {
+    static Contention contention;
+    return contention;
   }
-  ~SerialScope() {
-    if (saved_ > 1) omp_set_num_threads(saved_);
+
+  bool Serial() const { return MonotonicNs() < serial_until_.load(std::memory_order_relaxed); }
+
+  // After a parallel call: its wall time and its calling thread's CPU time, in ns.
+  void Observe(int64_t wall_ns, int64_t cpu_ns) {
+    const int64_t off_cpu = wall_ns - cpu_ns;
+    int64_t hold = hold_.load(std::memory_order_relaxed);
+    if (off_cpu > kStallNs && off_cpu > cpu_ns) {
+      hold = std::min(hold * 2, kMaxHoldNs);
+      serial_until_.store(MonotonicNs() + hold, std::memory_order_relaxed);
+    } else {
+      hold = std::max(hold / 2, kMinHoldNs / 2);
+    }
+    hold_.store(hold, std::memory_order_relaxed);
   }
-  SerialScope(const SerialScope&) = delete;
-  SerialScope& operator=(const SerialScope&) = delete;
+
+  static int64_t MonotonicNs() { return Clock(CLOCK_MONOTONIC); }
+  static int64_t ThreadCpuNs() { return Clock(CLOCK_THREAD_CPUTIME_ID); }
 
  private:
+  static constexpr int64_t kStallNs = 200 * 1000;
+  static constexpr int64_t kMinHoldNs = 20 * 1000 * 1000;
+  static constexpr int64_t kMaxHoldNs = 2000 * 1000 * 1000;
+
+  static int64_t Clock(clockid_t clock) {
+    timespec t;
+    clock_gettime(clock, &t);
+    return int64_t(t.tv_sec) * 1000000000 + t.tv_nsec;
+  }
+
+  std::atomic<int64_t> serial_until_{0};
+  std::atomic<int64_t> hold_{kMinHoldNs / 2};
+};
+
+// How one oneDNN call runs, for its lifetime: on the calling thread only when `small` (its work
+// does not pay for waking OpenMP's threads) or while Contention holds; else on OpenMP's threads,
+// timed for Contention. A primitive is created and executed alike, so that its work split matches
+// the threads that run it: `serial()` belongs in its cache key.
+class ThreadsScope {
+ public:
+  explicit ThreadsScope(bool small)
+      : serial_(small || Contention::Get().Serial()),
+        saved_(serial_ ? omp_get_max_threads() : 0),
+        wall_start_(serial_ ? 0 : Contention::MonotonicNs()),
+        cpu_start_(serial_ ? 0 : Contention::ThreadCpuNs()) {
+    if (saved_ > 1) omp_set_num_threads(1);
+  }
+  ~ThreadsScope() {
+    if (saved_ > 1) omp_set_num_threads(saved_);
+    if (!serial_) {
+      Contention::Get().Observe(Contention::MonotonicNs() - wall_start_,
+                                Contention::ThreadCpuNs() - cpu_start_);
+    }
+  }
+  bool serial() const { return serial_; }
+  ThreadsScope(const ThreadsScope&) = delete;
+  ThreadsScope& operator=(const ThreadsScope&) = delete;
+
+ private:
+  bool serial_;
   int saved_;
+  int64_t wall_start_, cpu_start_;
 };
 
 }  // namespace

@@ -302,8 +302,8 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   int32_t x_zero = static_cast<int32_t>(x_zero_in);
   if (dynamic) Params(x, m * k, 0.0, 0, &x_scale, &x_zero);
 
-  SerialScope serial(m * k * n < kSerialMacs);
-  std::vector<int64_t> key = {m, k, n, flags, int8 + dynamic};
+  ThreadsScope threads(m * k * n < kSerialMacs);
+  std::vector<int64_t> key = {m, k, n, flags, int8 + dynamic, threads.serial()};
   if (int8) key.insert(key.end(), {weight_id, dynamic ? 0 : FloatBits(x_scale), dynamic ? 0 : x_zero});
   static PrimitiveCache<DenseEntry> cache;
   auto entry = cache.Get(key, [&]() {
@@ -508,9 +508,10 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
   const int32_t x_zero = static_cast<int32_t>(x_zero_in);
 
   int64_t macs = weight->shape[1] * weight->shape[2] * weight->shape[3] * Numel(dst);
-  SerialScope serial(macs < kSerialConvMacs);
+  ThreadsScope threads(macs < kSerialConvMacs);
   std::vector<int64_t> key(attrs, attrs + 10);
-  key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero, residual != nullptr});
+  key.insert(key.end(), {int8, weight_id, FloatBits(x_scale), x_zero, residual != nullptr,
+                         threads.serial()});
   AppendShape(&key, src);
   AppendShape(&key, weight);
   AppendShape(&key, dst);

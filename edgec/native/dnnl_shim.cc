@@ -223,9 +223,9 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   // Multiply-adds: every output element reads (input channels / groups) x kh x kw weights.
   int64_t macs = weight->shape[1] * weight->shape[2] * weight->shape[3];
   for (int i = 0; i < dst->ndim; ++i) macs *= dst->shape[i];
-  SerialScope serial(macs < kSerialConvMacs);
+  ThreadsScope threads(macs < kSerialConvMacs);
   std::vector<int64_t> key(attrs, attrs + 10);
-  key.push_back(residual != nullptr);
+  key.insert(key.end(), {residual != nullptr, threads.serial()});
   AppendShape(&key, src);
   AppendShape(&key, weight);
   AppendShape(&key, dst);
@@ -318,9 +318,9 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
   if (m == 0 || n == 0) return;
 
-  SerialScope serial(m * k * n < kSerialMacs);
+  ThreadsScope threads(m * k * n < kSerialMacs);
   static PrimitiveCache<MatmulEntry> cache;
-  auto entry = cache.Get({m, k, n, flags}, [&]() {
+  auto entry = cache.Get({m, k, n, flags, threads.serial()}, [&]() {
     dnnl::post_ops ops;
     if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
@@ -374,9 +374,9 @@ void BatchMatmul(DLTensor* a, DLTensor* b, DLTensor* dst) {
   }
   const int64_t m = a->shape[rank - 2], k = a->shape[rank - 1], n = b->shape[rank - 1];
   if (batch == 0 || m == 0 || n == 0) return;
-  SerialScope serial(batch * m * k * n < kSerialMacs);
+  ThreadsScope threads(batch * m * k * n < kSerialMacs);
   static PrimitiveCache<MatmulEntry> cache;
-  auto entry = cache.Get({batch, m, k, n}, [&]() {
+  auto entry = cache.Get({batch, m, k, n, threads.serial()}, [&]() {
     dnnl::matmul::desc desc(memory::desc({batch, m, k}, dt::f32, tag::abc),
                             memory::desc({batch, k, n}, dt::f32, tag::abc),
                             memory::desc({batch, m, n}, dt::f32, tag::abc));

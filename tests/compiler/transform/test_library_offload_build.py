@@ -535,3 +535,52 @@ def test_attention_matmuls_run_as_library_batched_matmuls_and_match_onnxruntime(
     for s in samples + [sample("unseen", 3, 21)]:
         np.testing.assert_allclose(loaded.run(s.arrays)["y"], session.run(None, s.arrays)[0],
                                    rtol=1e-5, atol=1e-5, err_msg=s.name)
+
+
+_BUSY_CALLS = """
+import sys, time
+import numpy as np
+import edgec.runtime
+from edgec.core.busy import busy_processes
+
+if __name__ == "__main__":
+    loaded = edgec.runtime.load(sys.argv[1], threads=2)
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    quiet = loaded.run({"x": x})["y"]
+    print("quiet done", flush=True)
+    with busy_processes(int(sys.argv[2])):
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            np.testing.assert_allclose(loaded.run({"x": x})["y"], quiet, rtol=1e-5, atol=1e-5)
+"""
+
+
+@needs_dnnl
+@pytest.mark.slow
+def test_library_calls_go_serial_while_busy_processes_hold_the_cores(tmp_path):
+    """A parallel oneDNN call whose caller waited off its CPU (a descheduled OpenMP thread) makes
+    the next calls run on one thread (dnnl_common.h, Contention): beside as many CPU-bound
+    processes as cores, the matmul is created a second time, for one thread (oneDNN's verbose
+    log shows each creation), and every call's output still matches the quiet one."""
+    import edgec
+
+    weight = np.random.default_rng(1).standard_normal((256, 256)).astype(np.float32)
+    proto = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "wide_matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["m", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m", 256])],
+        [numpy_helper.from_array(weight, "w")]), opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    compiled = edgec.compile(from_proto(proto, "wide_matmul"), [Sample("s0", {"x": x})],
+                             [load_target("x86_64")])
+    assert "edgec_dnnl_dense" in compiled.artifact.manifest["libraries"]["x86_64"]["linked_functions"]
+    path = compiled.artifact.save(tmp_path / "wide.edgec")
+    script = tmp_path / "busy_calls.py"
+    script.write_text(_BUSY_CALLS)
+    run = subprocess.run([sys.executable, str(script), str(path), str(os.cpu_count() or 2)],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, ONEDNN_VERBOSE="2"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    quiet, busy = run.stdout.split("quiet done\n")
+    created = ",create:cache_miss,cpu,matmul,"
+    assert quiet.count(created) == 1 and busy.count(created) == 1, run.stdout[-2000:]
