@@ -10,6 +10,9 @@ the accuracy guard kept fp32, and, for ``digits`` (trained weights), held-out ac
 
     python benchmarks/quantize.py                    # the full comparison (minutes)
     python benchmarks/quantize.py --small            # one small model, few runs: CI's check
+    python benchmarks/quantize.py --models tv_resnet18,hf_bert --modes bf16 \
+        --target x86_64-avx512 --threads 2 -o reports/quantize_bf16.json
+                                                     # real-suite models (built by real_models.py)
 
 Timings need a quiet machine. Ratios come from one run, in one process: they are the numbers
 that mean something, not the milliseconds.
@@ -29,6 +32,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # this checkout's edgec, also when another is installed
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import real_models  # noqa: E402
 
 MODELS = ["transformer", "cnn", "squeezenet_rand", "digits", "resnet50_rand"]
 MODES = ["none", "int8-weight", "int8-dynamic", "int8-static"]
@@ -78,28 +84,39 @@ def worker(name: str, model_dir: Path, artifacts: dict[str, Path], rounds: int, 
 
 
 def markdown(report: dict) -> str:
-    lines = ["| model | mode | artifact bytes | size / fp32 | cosine min vs fp32 | latency ms | "
-             "latency / fp32 | held-out accuracy | layers kept fp32 |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| model | mode | artifact bytes | size / fp32 | cosine min vs fp32 | guard's drop | "
+             "latency ms | latency / fp32 | held-out accuracy | layers kept fp32 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in report["rows"]:
         accuracy = row.get("held_out_accuracy")
+        drop = row.get("guard_drop")
         kept = ", ".join(row["fp32_layers"]) if row["fp32_layers"] else ""
         lines.append(
             f"| {row['model']} | {row['mode']} | {row['artifact_bytes']} | {row['size_ratio']:.3f} "
-            f"| {row['cosine_min']:.6f} | {row['latency_ms']:.3f} | {row['latency_ratio']:.3f} | "
+            f"| {row['cosine_min']:.6f} | {'' if drop is None else f'{drop:.2e}'} | "
+            f"{row['latency_ms']:.3f} | {row['latency_ratio']:.3f} | "
             f"{'' if accuracy is None else f'{100 * accuracy:.2f}%'} | {kept} |")
+    ratios: dict[str, list[float]] = {}
+    for row in report["rows"]:
+        if row["mode"] != "none":
+            ratios.setdefault(row["mode"], []).append(row["latency_ratio"])
+    lines += [""] + [f"Geomean latency / fp32, {mode}: {float(np.exp(np.mean(np.log(r)))):.3f} "
+                     f"over {len(r)} model(s)." for mode, r in ratios.items()]
     setup = report["setup"]
     lines += ["", f"Target {setup['target']}, {setup['threads']} thread(s); every mode of a model "
                   f"timed in one process, interleaved over {setup['rounds']} rounds of "
                   f"{setup['runs']} runs per sample after {setup['warmup']} warm-up; latency is "
-                  f"the median of the rounds' medians. Sizes are the .edgec files."]
+                  f"the median of the rounds' medians. Sizes are the .edgec files. The guard's "
+                  f"drop is the compiled artifact's, measured on held-out samples at compile time."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="One small model, few runs (CI).")
-    parser.add_argument("--models", default=None, help="Comma-separated zoo names to run instead.")
+    parser.add_argument("--models", default=None,
+                        help="Comma-separated zoo names, or real-suite names already built by "
+                             "benchmarks/real_models.py, to run instead.")
     parser.add_argument("--modes", default=",".join(MODES),
                         help="Comma-separated --quantize modes; 'none' (the reference) is added.")
     parser.add_argument("--target", default="x86_64", help="edgec target (x86: int8 kernels).")
@@ -134,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgec-quantize-") as tmp:
         for name in names:
-            model_dir = zoo.export(name, Path(tmp) / name, seed=0,
-                                   count=args.samples or (4 if args.small else None))
+            model_dir = real_models.DEFAULT_CACHE / name
+            if not (model_dir / "model.onnx").is_file():
+                model_dir = zoo.export(name, Path(tmp) / name, seed=0,
+                                       count=args.samples or (4 if args.small else None))
             artifacts, manifests = {}, {}
             for mode in modes:
                 artifact = Path(tmp) / f"{name}.{mode}.edgec"
@@ -155,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             fp32_bytes = artifacts["none"].stat().st_size
             for mode in modes:
                 layers = (manifests[mode].get("quantization") or {}).get("layers", [])
+                accuracy = (manifests[mode].get("quantization") or {}).get("accuracy") or {}
                 row = {"model": name, "mode": mode, "artifact_bytes": artifacts[mode].stat().st_size,
                        **measured[mode],
+                       "guard_drop": (accuracy.get("measured") or {}).get("drop"),
                        "fp32_layers": [layer["name"] for layer in layers
                                        if layer["precision"] == "fp32"]}
                 row["size_ratio"] = round(row["artifact_bytes"] / fp32_bytes, 4)

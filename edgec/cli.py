@@ -200,7 +200,7 @@ def _signer(sign_key: Path | None):
 def _quantize_opts(func):
     func = click.option("--quantize", "quantize_mode", default="none", show_default=True,
                         type=click.Choice(["none", "int8-weight", "int8-dynamic", "int8-static",
-                                           "fp16", "auto"]),
+                                           "bf16", "fp16", "auto"]),
                         help="Quantize layers with constant weights (see `edgec.stages.quantize`).")(func)
     func = click.option("--max-accuracy-drop", default=0.01, show_default=True, type=float,
                         help="Budget vs fp32 on held-out samples: 1 - lowest cosine, or 1 - "

@@ -35,7 +35,8 @@ from edgec.stages.build import build
 from edgec.stages.measure import measure_model
 from edgec.stages.plan import Plan, PlanSettings, plan
 from edgec.stages.profile import Profile, profile
-from edgec.stages.quantize import Quantization, QuantizeSettings, accuracy, held_out_split, quantize
+from edgec.stages.quantize import (Quantization, QuantizeSettings, accuracy, bf16_available,
+                                   held_out_split, quantize)
 
 # A compiled artifact over budget (the simulation was optimistic) is rebuilt at most this often.
 MAX_REBUILDS = 2
@@ -232,37 +233,58 @@ def build_guarded(model: Model, the_plan: Plan, targets: list[Target], quant: Qu
                   dump_ir: str | Path | None = None) -> tuple[Artifact, Quantization]:
     """Build with ``quant`` and measure the artifact on ``held_out``; while it is over budget,
     keep the next most sensitive layer in fp32 and rebuild (at most ``MAX_REBUILDS`` times).
-    With ``auto``, also weigh the weight-only variant by measured latency (``stages.quantize``).
+    With ``auto``, also weigh the weight-only and bf16 variants by measured latency
+    (``stages.quantize``).
     Returns the artifact, whose manifest records the measured accuracy, and the decision it
     holds."""
     if quant.settings.mode == "fp16":
         return _build_fp16(model, the_plan, targets, quant, held_out, targets_chosen, dump_ir)
     artifact, quant = _build_within_budget(model, the_plan, targets, quant, held_out,
                                            targets_chosen, dump_ir)
-    integer = [l for l in quant.layers if l["precision"] in ("int8-static", "int8-dynamic")]
-    if quant.settings.mode != "auto" or not integer:
+    if quant.settings.mode != "auto":
         return artifact, quant
+    integer = any(l["precision"] in ("int8-static", "int8-dynamic") for l in quant.layers)
+    # The guard's decision, then what else auto may pick: integer layers weight-only, and
+    # (where the target and this CPU have bf16) every dense and conv layer in bf16.
+    variants = {"integer" if integer else "weight-only": (artifact, quant)}
+    if integer:
+        variants["weight-only"] = _variant(
+            quant, ("int8-static", "int8-dynamic"), "int8-weight", model, the_plan, targets,
+            held_out, targets_chosen, dump_ir)
+    if bf16_available(targets[0]) and any(l["kind"] != "embedding" for l in quant.layers):
+        variants["bf16"] = _variant(
+            quant, ("int8-static", "int8-dynamic", "int8-weight", "fp32"), "bf16", model, the_plan,
+            targets, held_out, targets_chosen, dump_ir)
+    if len(variants) == 1:
+        return artifact, quant
+    budget = quant.settings.max_accuracy_drop
+    names = [name for name, (_, q) in variants.items()
+             if q is quant or q.accuracy["measured"]["drop"] <= budget]
+    timings = _latencies([variants[n][0] for n in names], held_out, _runnable(artifact, targets))
+    cost = {f"{name.replace('-', '_')}_ms": ms for name, ms in zip(names, timings)}
+    cost["how"] = "median over held-out samples of the median of interleaved calls"
+    chosen = names[int(np.argmin(timings))]
+    built, decision = variants[chosen]
+    decision = replace(decision, cost={**cost, "chosen": chosen})
+    return _with_quantization(built, decision), decision
+
+
+def _variant(quant: Quantization, precisions: tuple[str, ...], to: str, model: Model,
+             the_plan: Plan, targets: list[Target], held_out: Sequence[Sample],
+             targets_chosen: str, dump_ir: str | Path | None) -> tuple[Artifact, Quantization]:
+    """``quant`` with its dense and conv layers at ``precisions`` moved to ``to``, built within
+    the budget (``_build_within_budget`` keeps the most sensitive fp32)."""
     layers = []
     for layer in quant.layers:
         layer = dict(layer)
-        if layer["precision"] in ("int8-static", "int8-dynamic"):
-            layer["reason"] = (f"int8-weight: faster than {layer['precision']} as measured "
-                               f"(see cost)")
-            layer["precision"], layer["activation"] = "int8-weight", None
+        if layer["kind"] != "embedding" and layer["precision"] in precisions:
+            layer["reason"] = f"{to}: faster than {layer['precision']} as measured (see cost)"
+            layer["precision"], layer["activation"] = to, None
         layers.append(layer)
     alternative = replace(quant, layers=layers,
                           accuracy={"simulated": None, "held_out_samples": len(held_out)})
-    other, alternative = _build_within_budget(model, the_plan, targets, alternative, held_out,
-                                              targets_chosen, dump_ir)
-    within = alternative.accuracy["measured"]["drop"] <= quant.settings.max_accuracy_drop
-    timings = _latencies([artifact, other], held_out, _runnable(artifact, targets))
-    cost = {"integer_ms": timings[0], "weight_only_ms": timings[1],
-            "how": "median over held-out samples of the median of interleaved calls"}
-    if within and timings[1] < timings[0]:
-        chosen = replace(alternative, cost={**cost, "chosen": "weight-only"})
-        return _with_quantization(other, chosen), chosen
-    chosen = replace(quant, cost={**cost, "chosen": "integer"})
-    return _with_quantization(artifact, chosen), chosen
+    return _build_within_budget(model, the_plan, targets, alternative, held_out, targets_chosen,
+                                dump_ir)
 
 
 def _with_quantization(artifact: Artifact, quant: Quantization) -> Artifact:

@@ -33,8 +33,21 @@
 
 namespace {
 
-// Flags shared with library_dispatch.py.
+// Flags shared with library_offload/rules.py.
 constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
+// bf16 arithmetic (`--quantize bf16`): the weights packed as bf16 once, the input converted to
+// bf16 per call, products summed in f32 and the output written in f32, as the accuracy guard
+// simulated it (edgec/stages/quantize/simulate.py).
+constexpr int64_t kBf16 = 2;
+
+// The data type of a call's input and weights.
+dt InputType(int64_t flags) { return (flags & kBf16) ? dt::bf16 : dt::f32; }
+
+// `md` holding elements of type `type`, its layout unchanged.
+memory::desc WithType(memory::desc md, dt type) {
+  md.data.data_type = static_cast<dnnl_data_type_t>(type);
+  return md;
+}
 
 memory::dims Dims(const DLTensor* t) { return memory::dims(t->shape, t->shape + t->ndim); }
 
@@ -149,7 +162,10 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
                                     int64_t groups, int64_t flags, const DLTensor* dst) {
   memory::desc user_src = ActivationDesc(src, "conv2d data");
   memory::desc user_dst = ActivationDesc(dst, "conv2d output");
-  auto any = [](const memory::desc& md) { return memory::desc(md.dims(), dt::f32, tag::any); };
+  const dt input = InputType(flags);
+  auto any = [](const memory::desc& md, dt type = dt::f32) {
+    return memory::desc(md.dims(), type, tag::any);
+  };
   memory::dims w = Dims(weight);  // O, I/groups, KH, KW
   memory::dims wdims = w;
   memory::desc user_weights(w, dt::f32, tag::oihw);
@@ -161,7 +177,7 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
   auto make = [&](const memory::desc& src_md, const memory::desc& dst_md, bool with_residual) {
     dnnl::convolution_forward::desc desc(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src_md,
-        memory::desc(wdims, dt::f32, tag::any), bias_md, dst_md, {stride[0], stride[1]},
+        memory::desc(wdims, input, tag::any), bias_md, dst_md, {stride[0], stride[1]},
         {dilation[0] - 1, dilation[1] - 1}, {pad_begin[0], pad_begin[1]},
         {pad_end[0], pad_end[1]});
     dnnl::post_ops ops;
@@ -172,11 +188,12 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
   };
   bool plain_src = src->ndim == 4, plain_dst = dst->ndim == 4;
-  auto pd = make(plain_src ? any(user_src) : user_src, plain_dst ? any(user_dst) : user_dst, false);
+  const memory::desc src_md = plain_src ? any(user_src, input) : WithType(user_src, input);
+  auto pd = make(src_md, plain_dst ? any(user_dst) : user_dst, false);
   if (IsReference(pd) && !(plain_src && plain_dst)) {
     // No optimized kernel takes these layouts (an 8-channel block on an AVX-512 machine, say):
     // let the primitive pick both and reorder.
-    pd = make(any(user_src), any(user_dst), false);
+    pd = make(any(user_src, input), any(user_dst), false);
   }
   int64_t ungroup = 1;
   if (groups > 1 && groups <= kMaxUngroup && w[1] > 1 && IsGemmOrReference(pd)) {
@@ -188,8 +205,10 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     ungroup = groups;
     wdims = {w[0], w[1] * groups, w[2], w[3]};
     user_weights = memory::desc(wdims, dt::f32, tag::oihw);
-    pd = make(plain_src ? any(user_src) : user_src, plain_dst ? any(user_dst) : user_dst, false);
-    if (IsReference(pd) && !(plain_src && plain_dst)) pd = make(any(user_src), any(user_dst), false);
+    pd = make(src_md, plain_dst ? any(user_dst) : user_dst, false);
+    if (IsReference(pd) && !(plain_src && plain_dst)) {
+      pd = make(any(user_src, input), any(user_dst), false);
+    }
   }
   // The residual (a binary post-op input) needs a fixed layout: the one the primitive prefers
   // without it. It is reordered into that layout when the output is.
@@ -303,6 +322,7 @@ struct MatmulEntry {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
   WeightSlot weights;
+  dnnl::reorder src_in;  // bf16: the f32 input into the primitive's
 };
 
 // dense(data[..., K], weight[K, N], bias[N], flags, weight id, out[..., N]):
@@ -325,8 +345,9 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
     if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
-    dnnl::matmul::desc desc(memory::desc({m, k}, dt::f32, tag::ab),
-                            memory::desc({k, n}, dt::f32, tag::any),
+    const dt input = InputType(flags);
+    dnnl::matmul::desc desc(memory::desc({m, k}, input, tag::ab),
+                            memory::desc({k, n}, input, tag::any),
                             memory::desc({1, n}, dt::f32, tag::ab),
                             memory::desc({m, n}, dt::f32, tag::ab));
     dnnl::matmul::primitive_desc pd(desc, attr, Engine());
@@ -335,11 +356,18 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
     entry->primitive = dnnl::matmul(pd);
     entry->weights.user = memory::desc({k, n}, dt::f32, tag::ab);
     entry->weights.packed = pd.weights_desc();
+    if (input != dt::f32) entry->src_in = Reorder(memory::desc({m, k}, dt::f32, tag::ab), pd.src_desc());
     return entry;
   });
   const auto& pd = entry->pd;
+  memory src_m(memory::desc({m, k}, dt::f32, tag::ab), Engine(), FloatData(src));
+  if (flags & kBf16) {
+    memory converted(pd.src_desc(), Engine(), Scratch(0, pd.src_desc().get_size()));
+    entry->src_in.execute(Stream(), src_m, converted);
+    src_m = converted;
+  }
   entry->primitive.execute(
-      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), FloatData(src))},
+      Stream(), {{DNNL_ARG_SRC, src_m},
                  {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, FloatData(weight))},
                  {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), FloatData(bias))},
                  {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), FloatData(dst))}});

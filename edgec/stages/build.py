@@ -19,7 +19,7 @@ from edgec.errors import EdgecError, ModelError, describe
 from edgec.runtime.artifact import Artifact, FORMAT_VERSION, sha256_hex
 from edgec.runtime.signature import TensorSpec
 from edgec.stages.plan import Plan, check_matches
-from edgec.stages.quantize import Quantization
+from edgec.stages.quantize import BF16_FEATURE, Quantization
 
 
 def _functions(plan: Plan) -> list[dict[str, Any]]:
@@ -156,9 +156,13 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             quantized_calls[layer] = quantized_calls.get(layer, 0) + calls
         file = f"lib/{target.name}.so"
         files[file] = library.data
+        features = list(target.cpu_features)
+        bf16 = [l["name"] for l in quantization.layers if l["precision"] == "bf16"] if active else []
+        if any(record.quantized_calls.get(name) for name in bf16):
+            features.append(BF16_FEATURE)  # without it oneDNN emulates bf16, slower than fp32
         libraries[target.name] = {
             "file": file, "sha256": sha256_hex(library.data), "bytes": len(library.data),
-            "arch": target.arch, "cpu_features": list(target.cpu_features),
+            "arch": target.arch, "cpu_features": features,
             "kind": target.kind, "device": device,
             # Where kernels run; the VM's control flow and shape dispatch always run on the CPU.
             "placement": {"kernels": device, "control_flow": "cpu"},

@@ -626,3 +626,90 @@ def test_cli_stages_profile_plan_quantize_build(tmp_path, capsys):
     assert manifest["accuracy"]["simulated"]["samples"] == 2
     assert main(["build", model, "--plan", str(tmp_path / "plan.json"), "--target", TARGET,
                  "--quantization", str(tmp_path / "plan.json"), "-o", str(tmp_path / "y.edgec")]) == 10
+
+
+# ---------------------------------------------------------------------------------------------
+# bf16
+
+def _host_has_bf16() -> bool:
+    from edgec.runtime import host_cpu_features
+
+    return "avx512_bf16" in host_cpu_features()
+
+
+needs_bf16 = pytest.mark.skipif(not _host_has_bf16(), reason="this CPU lacks avx512_bf16")
+
+
+def test_bf16_rounding_is_to_nearest_even_and_the_graph_rounds_alike():
+    """bf16 keeps the top 16 bits of a float32, rounded to nearest (ties to even); the
+    simulation's in-graph rounding (opset 9 ops) gives the same values as bf16_round."""
+    x = np.array([1.0, 1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.7182817, 3e38, 1e-40,
+                  np.inf, np.nan], np.float32)
+    rounded = simulate.bf16_round(x)
+    np.testing.assert_array_equal(rounded[:4], [1.0, 1.0, 1 + 4 * 2**-8, 1 + 2 * 2**-8])
+    assert rounded[4] == -2.71875 and np.isinf(rounded[7]) and np.isnan(rounded[8])
+    assert (rounded.view(np.uint32)[:7] & 0xFFFF == 0).all()
+    values = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32) * 37
+    graph = helper.make_graph([], "round", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])])
+    graph.output[0].name = simulate._bf16_input(graph, "x", "layer")
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
+    proto.ir_version = 8
+    got = simulate.run(proto, [{"x": values}])[0][graph.output[0].name]
+    np.testing.assert_array_equal(got, simulate.bf16_round(values))
+
+
+def test_bf16_is_refused_where_the_target_has_no_avx512_kernels():
+    model, target, prof, _ = _setup(embed_mlp(), embed_samples(4, 0))
+    held_out = embed_samples(2, 1)
+    for name in ("x86_64", "arm64-cortex-a72", "cuda-sm90"):  # AVX2 only, XNNPACK, a GPU
+        with pytest.raises(CompileError, match="bf16") as caught:
+            quantize(model, prof, load_target(name), QuantizeSettings("bf16"), held_out)
+        assert "\n" not in str(caught.value) and name in str(caught.value)
+
+
+@needs_bf16
+def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_feature(tmp_path):
+    """dense and conv layers in bf16 (the embedding stays fp32): the outputs move off fp32 by
+    bf16's rounding, not more, match the simulation, and the manifest requires avx512_bf16."""
+    target = load_target("x86_64-avx512")
+    for proto, samples, output in ((embed_mlp(), embed_samples, "hidden"),
+                                   (small_cnn(), cnn_samples, "logits")):
+        model = from_proto(proto, proto.graph.name)
+        prof = profile(model, samples(6, 0))
+        held_out = samples(3, 1)
+        quant = quantize(model, prof, target, QuantizeSettings("bf16", 0.5), held_out)
+        assert {l["precision"] for l in quant.layers if l["kind"] != "embedding"} == {"bf16"}
+        assert all(l["precision"] == "fp32" for l in quant.layers if l["kind"] == "embedding")
+        artifact = build_guarded(model, plan(model, prof, target), [target], quant, held_out)[0]
+        library = artifact.manifest["libraries"][target.name]
+        assert "avx512_bf16" in library["cpu_features"]
+        assert {l["precision"] for l in artifact.manifest["quantization"]["layers"]
+                if l["op"] != "Gather"} == {"bf16"}
+        outputs = _run(artifact, tmp_path, held_out)
+        result = accuracy.compare(_reference(model, held_out), outputs)[ "outputs"][output]
+        assert 1e-4 < result["max_abs"] and result["min_cosine"] > 0.9999
+        precisions = {l["name"]: l["precision"] for l in quant.layers}
+        simulated = simulate.run(simulate.simulated_model(
+            model.proto, find_layers(model.proto), precisions, {}, "asymmetric"),
+            [s.arrays for s in held_out])
+        for got, want in zip(outputs, simulated):
+            np.testing.assert_allclose(got[output], want[output], rtol=1e-4, atol=1e-4)
+
+
+@needs_bf16
+def test_auto_weighs_bf16_too_where_the_cpu_has_it():
+    model, _, prof, _ = _setup(embed_mlp(), embed_samples(8, 0))
+    target = load_target("x86_64-avx512")
+    held_out = embed_samples(3, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)
+    artifact = build_guarded(model, plan(model, prof, target), [target], quant, held_out)[0]
+    held = artifact.manifest["quantization"]
+    assert {"integer_ms", "weight_only_ms", "bf16_ms"} <= set(held["cost"])
+    chosen = held["cost"]["chosen"]
+    fastest = min(("integer", "weight-only", "bf16"),
+                  key=lambda n: held["cost"][f"{n.replace('-', '_')}_ms"])
+    assert chosen == fastest
+    dense = {l["precision"] for l in held["layers"] if l["name"].startswith("fc")}
+    assert dense == {"bf16": {"bf16"}, "weight-only": {"int8-weight"},
+                     "integer": {"int8-static"}}[chosen]

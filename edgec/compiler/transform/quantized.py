@@ -1,4 +1,4 @@
-"""Quantized layers in the compiled program: int8 library calls and int8 embedding tables.
+"""Quantized layers in the compiled program: int8 and bf16 library calls, int8 embedding tables.
 
 :func:`Int8Lowering` runs right after library offload, for a quantization decision that the
 quantize stage made (``QuantizedLowering``, read as data). It rewrites
@@ -7,6 +7,8 @@ quantize stage made (``QuantizedLowering``, read as data). It rewrites
   layer into the ``edgec_q8_*`` functions of ``edgec/native/dnnl_int8.cc``, with the weight as an
   int8 constant and its per-channel scales (the argument lists are in that file); on Arm, the
   ``edgec_xnn_*`` calls of weight-only layers into ``edgec_xnn_q8_*_w8`` (``xnnpack_shim.cc``);
+- ``edgec_dnnl_dense`` / ``edgec_dnnl_conv2d*`` calls of bf16 layers into the same calls with
+  ``FLAG_BF16`` set: oneDNN packs the fp32 weight as bf16 once and converts the input per call;
 - ``take`` from a quantized embedding table into ``take`` from the int8 table, cast and scaled
   per row, so only the gathered rows are dequantized.
 
@@ -26,7 +28,7 @@ import tvm
 from tvm import relax
 
 from edgec.compiler.ir import rewrite_functions
-from edgec.compiler.transform.library_offload import constant_value, weight_id
+from edgec.compiler.transform.library_offload import FLAG_BF16, constant_value, weight_id
 from edgec.core import quant_schemes as schemes
 from edgec.core.quant_layers import Layer, find_layers, initializer_arrays
 from edgec.errors import CompileError
@@ -74,6 +76,9 @@ class _Quantized:
         if key not in self.forms:
             if self.forms and not _scaled_per_channel(self.array, array, self.axis):
                 return None
+            if self.precision == "bf16":  # the call keeps its fp32 weight; oneDNN packs it
+                self.forms[key] = (relax.const(array), None, key)
+                return self.forms[key]
             q, scale = schemes.quantize_weight(array, self.axis)
             self.forms[key] = (relax.const(q), relax.const(scale), weight_id(q, scale))
         return self.forms[key]
@@ -138,6 +143,13 @@ class _Rewrite(relax.PyExprMutator):
         if match is None or match[0].precision == "fp32":
             return call
         found, (weight, scale, identity) = match
+        if found.precision == "bf16":
+            if not name.startswith("edgec_dnnl_"):
+                return call  # XNNPACK has no bf16 kernels here: fp32 (as_compiled says so)
+            found.uses += 1
+            flags = int(args[-2].value)  # every fp32 call's arguments end (..., flags, weight id)
+            args[-2] = relax.prim_value(flags | FLAG_BF16)
+            return relax.call_dps_packed(name, args, call.ty_args[0])
         found.uses += 1
         # The fp32 call's (data, weight, bias, [residual,] attributes..., weight id): the int8
         # weight and its scales replace the weight; integer layers add the input's quantization.
@@ -189,8 +201,8 @@ class QuantizedLowering:
 
 def Int8Lowering(proto: onnx.ModelProto, lowering: QuantizedLowering,  # noqa: N802
                  found: dict[str, int]) -> tvm.transform.Pass:
-    """The pass that turns the library calls of ``lowering``'s quantized layers into int8 ones
-    (module docstring). ``found`` receives per layer how many calls of the program it rewrote
+    """The pass that turns the library calls of ``lowering``'s quantized layers into int8 (or
+    bf16) ones (module docstring). ``found`` receives per layer how many calls of the program it rewrote
     (0: the layer was not found there and stays fp32)."""
     arrays = initializer_arrays(proto)
 

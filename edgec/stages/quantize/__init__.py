@@ -12,13 +12,19 @@ Modes (``edgec compile --quantize``):
   profile's activation ranges (``--calibration percentile|minmax|entropy``, ``--quant-scheme
   asymmetric|symmetric``); layers with no recorded range fall back to dynamic (dense) or
   weight-only (conv); embeddings are weight-only.
+- ``bf16``: dense and conv layers compute in bf16 through oneDNN's AVX-512-bf16 kernels (weights
+  packed as bf16, the input converted per call, f32 accumulation and output); needs an x86
+  target with oneDNN and a CPU with ``avx512_bf16`` (the artifact then requires it); embeddings
+  and the ops between layers stay fp32. The guard keeps the most sensitive layers fp32.
 - ``auto``: each layer starts at its most compact arithmetic (static, then dynamic, weight-only,
   fp32) and the guard moves the most sensitive ones down a step at a time until the budget
   holds. Then cost decides: integer arithmetic pays only on large enough layers (the zoo
   transformer's 64-wide matmuls: int8-dynamic 1.05x fp32, int8-static 1.0x; squeezenet's
   convolutions: int8-static 0.70x), so the guard also compiles the
   variant with every integer layer weight-only, times both on the held-out samples in the same
-  run, and keeps the faster one within budget; ``cost`` records both timings.
+  run, and keeps the faster one within budget; ``cost`` records both timings. Where bf16 is
+  available (``bf16_available``) a third variant, every dense and conv layer bf16, is built and
+  timed alongside, and the fastest within budget is kept.
 - ``fp16``: for CUDA targets (the first ``--target`` must be one): their programs' matmuls,
   convolutions and the ops between in half precision with fp32 accumulation
   (``edgec.compiler.transform.fp16``); a CPU target in the same artifact stays fp32. All or nothing: over
@@ -60,10 +66,13 @@ from edgec.stages.plan import check_matches
 from edgec.stages.profile import Profile
 from edgec.stages.quantize import accuracy, simulate
 
-MODES = ("none", "int8-weight", "int8-dynamic", "int8-static", "fp16", "auto")
+MODES = ("none", "int8-weight", "int8-dynamic", "int8-static", "bf16", "fp16", "auto")
+# The CPU feature oneDNN's bf16 kernels need (as /proc/cpuinfo names it); elsewhere it emulates.
+BF16_FEATURE = "avx512_bf16"
 QUANTIZE_VERSION = 1
 
-__all__ = ["MODES", "QuantizeSettings", "Quantization", "quantize", "held_out_split"]
+__all__ = ["MODES", "BF16_FEATURE", "QuantizeSettings", "Quantization", "quantize",
+           "held_out_split", "bf16_available", "bf16_problem"]
 
 
 @dataclass(frozen=True)
@@ -125,13 +134,14 @@ class Quantization:
 
     def as_compiled(self, calls: dict[str, int]) -> "Quantization":
         """This decision as a program holds it: the quantized layers the build found no int8
-        form for (``calls``: calls rewritten per layer, 0 or missing) recorded as fp32, e.g. a
-        convolution the library does not run."""
+        (or bf16) form for (``calls``: calls rewritten per layer, 0 or missing) recorded as fp32,
+        e.g. a convolution the library does not run."""
         layers = copy.deepcopy(self.layers)
         for layer in layers:
             if layer["precision"] != "fp32" and not calls.get(layer["name"]):
+                form = "bf16" if layer["precision"] == "bf16" else "int8"
                 layer["reason"] = (f"fp32: planned {layer['precision']}, but the compiled program "
-                                   f"has no int8 form of it (a layer the library does not run)")
+                                   f"has no {form} form of it (a layer the library does not run)")
                 layer["precision"] = "fp32"
                 layer["activation"] = None
         return self._with_layers(layers)
@@ -181,6 +191,26 @@ class Quantization:
                    doc["versions"], doc.get("cost", {}))
 
 
+def bf16_problem(target: Target) -> str | None:
+    """Why ``--quantize bf16`` cannot build for ``target`` on this machine, or None."""
+    from edgec.runtime import host_cpu_features
+
+    if not target.libraries.get("dnnl") or "avx512f" not in target.cpu_features:
+        return (f"--quantize bf16 runs on oneDNN's AVX-512-bf16 kernels, which target "
+                f"'{target.name}' lacks (it needs [libraries] dnnl and avx512f, as x86_64-avx512 "
+                f"has); use --quantize int8-weight, int8-dynamic, int8-static or auto")
+    if BF16_FEATURE not in host_cpu_features():
+        return (f"--quantize bf16: this machine's CPU lacks {BF16_FEATURE}, and the accuracy guard "
+                f"runs the artifact here; build on a CPU with it (Zen 4, Cooper Lake, Sapphire "
+                f"Rapids or later) or use an int8 mode")
+    return None
+
+
+def bf16_available(target: Target) -> bool:
+    """Whether ``target`` built here can run dense and conv layers in bf16."""
+    return bf16_problem(target) is None
+
+
 def held_out_split(samples: Sequence[Sample]) -> tuple[list[Sample], list[Sample]]:
     """(calibration, held-out) when no held-out samples are given: every fourth sample is held
     out (at least one); with a single sample, it serves both."""
@@ -225,10 +255,12 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             f"int8-weight, int8-dynamic, int8-static or auto, or a CUDA --target (cuda-sm89, "
             f"cuda-sm90, jetson-orin) first")
     integer = bool(target.libraries.get("dnnl"))  # oneDNN's integer kernels (x86)
-    if settings.mode != "fp16" and not integer and not target.libraries.get("xnnpack"):
+    if settings.mode not in ("fp16", "bf16") and not integer and not target.libraries.get("xnnpack"):
         raise CompileError(
             f"target '{target.name}' has no int8 kernels (they need [libraries] dnnl = true or "
             f"xnnpack = true); compile without --quantize")
+    if settings.mode == "bf16" and bf16_problem(target):
+        raise CompileError(bf16_problem(target))
     if settings.mode in ("int8-static", "int8-dynamic") and not integer:
         raise CompileError(
             f"--quantize {settings.mode} needs integer kernels, which target '{target.name}' "
@@ -250,6 +282,10 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             precision, reason = "fp32", "fp32: fp16 converts matmuls and convolutions, not gathers"
         elif settings.mode == "fp16":
             precision, reason = "fp16", f"fp16: the {target.name} program in half precision"
+        elif settings.mode == "bf16" and layer.kind == "embedding":
+            precision, reason = "fp32", "fp32: bf16 converts matmuls and convolutions, not gathers"
+        elif settings.mode == "bf16":
+            precision, reason = "bf16", "bf16: input and weights in bf16, f32 accumulation"
         else:
             precision, reason = _initial_precision(layer, settings.mode, prof.ranges, integer)
         if precision == "int8-static":
@@ -309,9 +345,10 @@ def _most_sensitive(entries: dict[str, dict[str, Any]]) -> str | None:
 
 
 def _demote(entry: dict[str, Any], settings: QuantizeSettings, drop: float) -> None:
-    """One step down: fp32 (fixed modes), or the next safer precision (``auto``)."""
+    """One step down: fp32 (fixed modes, and bf16 in ``auto``'s bf16 variant), or the next safer
+    precision (``auto``)."""
     options = PRECISIONS[entry["kind"]]
-    if settings.mode == "auto":
+    if settings.mode == "auto" and entry["precision"] in options:
         precision = options[options.index(entry["precision"]) + 1]
     else:
         precision = "fp32"

@@ -8,7 +8,9 @@ Both are written with elementary ops (Mul, Add, Max, Min, Floor, ReduceMin...) i
 arithmetic (round half up, saturate to 0..255), which every opset has: QuantizeLinear needs
 opset 10 and DynamicQuantizeLinear 11, and the zoo's CNNs are opset 9 graphs.
 fp16: the weight and the layer's input through fp16 and back (a partial model of the GPU
-program, whose other ops run in fp16 too).
+program, whose other ops run in fp16 too). bf16: the weight and the layer's input rounded to bf16
+(to nearest, as oneDNN's conversion), products summed in f32: what the kernel does. The input is
+rounded by Veltkamp's split (two Mul/Sub), which every opset has (a Cast to bfloat16 needs 13).
 """
 
 from __future__ import annotations
@@ -28,13 +30,22 @@ Outputs = dict[str, np.ndarray]
 
 
 def fake_weight(layer: Layer, array: np.ndarray, scheme: str, precision: str = "int8") -> np.ndarray:
-    """The weight after its int8 (or fp16) round trip, as the compiled kernels will use it."""
+    """The weight after its int8 (or fp16, bf16) round trip, as the compiled kernels will use it."""
     if precision == "fp16":
         return array.astype(np.float16).astype(np.float32)
+    if precision == "bf16":
+        return bf16_round(array)
     if layer.kind == "embedding":
         return schemes.dequantize_rows(*schemes.quantize_rows(array, scheme))
     q, scale = schemes.quantize_weight(array, layer.weight_axis)
     return schemes.dequantize_weight(q, scale, layer.weight_axis)
+
+
+def bf16_round(array: np.ndarray) -> np.ndarray:
+    """float32 ``array`` rounded to bf16 (nearest, ties to even), as float32. NaN stays NaN."""
+    bits = np.ascontiguousarray(array, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    return np.where(np.isnan(array), array, rounded.view(np.float32)).astype(np.float32)
 
 
 def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions: dict[str, str],
@@ -56,6 +67,8 @@ def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions:
             slot = 0 if layer.kind == "embedding" else 1
             node.input[slot] = weight_name
             x = node.input[0]
+            if precision == "bf16" and layer.kind != "embedding":
+                node.input[0] = _bf16_input(graph, x, node.name)
             if precision == "fp16" and layer.kind != "embedding":
                 half = f"{x}__edgec_fp16_{node.name}"
                 graph.node.append(helper.make_node("Cast", [x], [half], to=onnx.TensorProto.FLOAT16))
@@ -67,6 +80,19 @@ def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions:
                                                if precision == "int8-static" else None)
         graph.node.append(node)
     return proto
+
+
+def _bf16_input(graph: onnx.GraphProto, x: str, layer: str) -> str:
+    """Append nodes rounding float32 ``x`` to bf16's 8 significant bits; return the result's
+    name. Veltkamp's split, t = x * (2^16 + 1) and t - (t - x), rounds the low 16 bits of the
+    significand away to nearest (equal to bf16_round on a million random values)."""
+    prefix = f"{x}__edgec_bf16_{layer}"
+    factor = prefix + "_factor"
+    graph.initializer.append(numpy_helper.from_array(np.array(65537.0, np.float32), factor))
+    graph.node.append(helper.make_node("Mul", [x, factor], [prefix + "_t"]))
+    graph.node.append(helper.make_node("Sub", [prefix + "_t", x], [prefix + "_d"]))
+    graph.node.append(helper.make_node("Sub", [prefix + "_t", prefix + "_d"], [prefix]))
+    return prefix
 
 
 def _fake_quantize(graph: onnx.GraphProto, x: str, layer: str,

@@ -18,7 +18,8 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
     edgec_dnnl_dense(x[..., K], w[K, N], b[N], flags, wid, out[..., N])
         out = act(x @ w + b)
 
-``flags``: FLAG_RELU applies relu last. ``wid`` identifies a constant weight by its content:
+``flags``: FLAG_RELU applies relu last; FLAG_BF16 (oneDNN) computes in bf16 (set by
+``transform.quantized`` for the layers ``--quantize bf16`` keeps there). ``wid`` identifies a constant weight by its content:
 the shim repacks each weight once per id and layout, so ids are content hashes.
 
 What :func:`dispatch_to_dnnl` does, as three module passes run in this order, each rewriting every
@@ -56,12 +57,12 @@ from edgec.compiler.transform.library_offload.analysis import (_rewrite_function
 from edgec.compiler.transform.library_offload.canonicalize import _canonical_groups
 from edgec.compiler.transform.library_offload.layout import _block_layout
 from edgec.compiler.transform.library_offload.match import _library_groups
-from edgec.compiler.transform.library_offload.rules import (FLAG_RELU, LIBRARIES, DispatchRules,
-                                                            DispatchStats)
+from edgec.compiler.transform.library_offload.rules import (FLAG_BF16, FLAG_RELU, LIBRARIES,
+                                                            DispatchRules, DispatchStats)
 
 __all__ = [
-    "FLAG_RELU", "LIBRARIES", "DispatchRules", "DispatchStats", "Canonicalize", "Offload",
-    "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value", "weight_id",
+    "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "DispatchRules", "DispatchStats", "Canonicalize",
+    "Offload", "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value", "weight_id",
 ]
 
 

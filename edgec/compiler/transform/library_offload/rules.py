@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 FLAG_RELU = 1
+# bf16 arithmetic, f32 accumulation and output (``--quantize bf16``; oneDNN's conv2d and dense).
+FLAG_BF16 = 2
 
 LIBRARIES = ("dnnl", "xnn")  # the shims: edgec/native/dnnl_shim.cc, edgec/native/xnnpack_shim.cc
 
