@@ -79,7 +79,7 @@ def worker(system: str, name: str, model_dir: Path, artifact: Path, runs: int, w
     if system == "edgec":
         call = runtime.load(artifact, threads=threads).run
     else:
-        call = reference_session(model.proto, threads=threads).run
+        call = reference_session(model.proto, threads=threads, spinning=True).run
     split = SPLIT_BY.get(name)
     groups: dict[str, list] = defaultdict(list)
     for sample in samples:

@@ -103,7 +103,8 @@ def _load_systems(spec: dict, model) -> tuple[dict[str, Callable], dict[str, str
 
     loaders = {
         "edgec": lambda: runtime.load(spec["artifact"], threads=spec["threads"]).run,
-        "onnxruntime": lambda: reference_session(model.proto, threads=spec["threads"]).run,
+        "onnxruntime": lambda: reference_session(model.proto, threads=spec["threads"],
+                                                 spinning=True).run,
         "openvino": lambda: OpenVinoSession(Path(spec["model"]),
                                             [o.name for o in model.outputs], spec["threads"]).run,
     }

@@ -1,7 +1,8 @@
 """The bench stage: latency, accuracy and size of an artifact beside its baselines, in the same run.
 
-edgec and each baseline run one after the other (never interleaved; onnxruntime's threads do not
-spin), each with its warm-up, on the same samples. Latencies are per call, wall clock; ratios are
+edgec and each baseline run one after the other (never interleaved), each with its warm-up, on
+the same samples, after a pause (``SETTLE_S``) in which the previous system's threads go idle:
+onnxruntime runs with its default spinning threads, as its users run it. Latencies are per call, wall clock; ratios are
 edgec's median over the baseline's median, so machine noise that hits both cancels out. With
 ``busy`` set, that many CPU-bound background processes run while every system is measured.
 """
@@ -234,6 +235,12 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+# Seconds between two systems' measurements: onnxruntime's pool spins for a few ms after a run
+# (0.04 s of CPU in the 0.5 s after). Timed right after it, edgec's efficientnet_b0 ran up to
+# 1.3x slower in some rounds; after a pause of 20 ms or more, in none of 24 (2 cores).
+SETTLE_S = 0.1
+
+
 def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings: BenchSettings,
              progress: _Progress, name: str) -> tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]:
     """Latency per call grouped by shape, and the outputs of the first pass's last call on each
@@ -259,8 +266,9 @@ def _measure(call: Callable, samples: list[Sample], shapes: list[str], settings:
 def time_calls(call: Callable, model: Model, samples: list[Sample], settings: BenchSettings,
                name: str) -> tuple[dict[str, float], list[dict[str, np.ndarray]]]:
     """One system alone, with this module's timer: its latency stats over every measured call, and
-    its outputs per sample. For comparisons that run each system in a process of its own."""
+    its outputs per sample, after the settling pause. For comparisons of systems in turn."""
     settings.check()
+    time.sleep(SETTLE_S)
     shapes = [_shape_key(sample_dims(model, s)) for s in samples]
     progress = _Progress(len(samples), name)
     per_shape, outputs = _measure(call, samples, shapes, settings, progress, name)
@@ -406,6 +414,7 @@ def bench(
     progress = _Progress(len(samples) * len(systems), "bench")
     measured: dict[str, tuple[dict[str, list[float]], list[dict[str, np.ndarray]]]] = {}
     with busy_processes(settings.busy):
+        time.sleep(SETTLE_S)
         measured["edgec"] = _measure(compiled.run, samples, shapes, settings, progress, "edgec")
         region_rows = _region_timings(compiled, model, samples, shapes, measured["edgec"][0],
                                       settings)
@@ -418,7 +427,8 @@ def bench(
                     call = reference_for(model).run
                 else:
                     threads = 1 if name == "onnxruntime-1t" else settings.threads
-                    call = reference_session(model.proto, threads=threads).run
+                    call = reference_session(model.proto, threads=threads, spinning=True).run
+                time.sleep(SETTLE_S)
                 measured[name] = _measure(call, samples, shapes, settings, progress, name)
     progress.close()
 
