@@ -27,7 +27,8 @@ def test_min_seconds_repeats_whole_passes_until_the_time_has_passed(monkeypatch)
     """A clock that each call moves by 0.25 s: two samples, one run each, is 0.5 s a pass, so
     --min-seconds 1 takes two passes (4 calls) and --min-seconds 0 one."""
     now = [0.0]
-    monkeypatch.setattr(bench_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(bench_module, "time", SimpleNamespace(perf_counter=lambda: now[0],
+                                                              sleep=lambda seconds: None))
 
     def call(arrays):
         now[0] += 0.25
