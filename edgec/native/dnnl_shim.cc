@@ -356,7 +356,9 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
     entry->primitive = dnnl::matmul(pd);
     entry->weights.user = memory::desc({k, n}, dt::f32, tag::ab);
     entry->weights.packed = pd.weights_desc();
-    if (input != dt::f32) entry->src_in = Reorder(memory::desc({m, k}, dt::f32, tag::ab), pd.src_desc());
+    if (input != dt::f32) {
+      entry->src_in = Reorder(memory::desc({m, k}, dt::f32, tag::ab), pd.src_desc());
+    }
     return entry;
   });
   const auto& pd = entry->pd;

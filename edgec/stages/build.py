@@ -157,7 +157,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
         file = f"lib/{target.name}.so"
         files[file] = library.data
         features = list(target.cpu_features)
-        bf16 = [l["name"] for l in quantization.layers if l["precision"] == "bf16"] if active else []
+        bf16 = ([l["name"] for l in quantization.layers if l["precision"] == "bf16"]
+                if active else [])
         if any(record.quantized_calls.get(name) for name in bf16):
             features.append(BF16_FEATURE)  # without it oneDNN emulates bf16, slower than fp32
         libraries[target.name] = {

@@ -650,8 +650,9 @@ def test_bf16_rounding_is_to_nearest_even_and_the_graph_rounds_alike():
     assert rounded[4] == -2.71875 and np.isinf(rounded[7]) and np.isnan(rounded[8])
     assert (rounded.view(np.uint32)[:7] & 0xFFFF == 0).all()
     values = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32) * 37
-    graph = helper.make_graph([], "round", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])])
+    graph = helper.make_graph(
+        [], "round", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1000])])
     graph.output[0].name = simulate._bf16_input(graph, "x", "layer")
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)])
     proto.ir_version = 8
@@ -687,7 +688,7 @@ def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_featur
         assert {l["precision"] for l in artifact.manifest["quantization"]["layers"]
                 if l["op"] != "Gather"} == {"bf16"}
         outputs = _run(artifact, tmp_path, held_out)
-        result = accuracy.compare(_reference(model, held_out), outputs)[ "outputs"][output]
+        result = accuracy.compare(_reference(model, held_out), outputs)["outputs"][output]
         assert 1e-4 < result["max_abs"] and result["min_cosine"] > 0.9999
         precisions = {l["name"]: l["precision"] for l in quant.layers}
         simulated = simulate.run(simulate.simulated_model(

@@ -202,8 +202,8 @@ class QuantizedLowering:
 def Int8Lowering(proto: onnx.ModelProto, lowering: QuantizedLowering,  # noqa: N802
                  found: dict[str, int]) -> tvm.transform.Pass:
     """The pass that turns the library calls of ``lowering``'s quantized layers into int8 (or
-    bf16) ones (module docstring). ``found`` receives per layer how many calls of the program it rewrote
-    (0: the layer was not found there and stays fp32)."""
+    bf16) ones (module docstring). ``found`` receives per layer how many calls of the program it
+    rewrote (0: the layer was not found there and stays fp32)."""
     arrays = initializer_arrays(proto)
 
     @tvm.transform.module_pass(opt_level=0, name="edgec.Int8Lowering")

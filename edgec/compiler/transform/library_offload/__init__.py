@@ -19,8 +19,8 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
         out = act(x @ w + b)
 
 ``flags``: FLAG_RELU applies relu last; FLAG_BF16 (oneDNN) computes in bf16 (set by
-``transform.quantized`` for the layers ``--quantize bf16`` keeps there). ``wid`` identifies a constant weight by its content:
-the shim repacks each weight once per id and layout, so ids are content hashes.
+``transform.quantized`` for the layers ``--quantize bf16`` keeps there). ``wid`` identifies a
+constant weight by its content: the shim repacks each weight once per id and layout, so ids are content hashes.
 
 What :func:`dispatch_to_dnnl` does, as three module passes run in this order, each rewriting every
 Relax function (``main``, the ``spec_*`` and ``generic`` copies of shape dispatch, ``If`` branches
@@ -62,7 +62,8 @@ from edgec.compiler.transform.library_offload.rules import (FLAG_BF16, FLAG_RELU
 
 __all__ = [
     "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "DispatchRules", "DispatchStats", "Canonicalize",
-    "Offload", "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value", "weight_id",
+    "Offload", "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value",
+    "weight_id",
 ]
 
 
