@@ -255,12 +255,13 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             f"int8-weight, int8-dynamic, int8-static or auto, or a CUDA --target (cuda-sm89, "
             f"cuda-sm90, jetson-orin) first")
     integer = bool(target.libraries.get("dnnl"))  # oneDNN's integer kernels (x86)
-    if settings.mode not in ("fp16", "bf16") and not integer and not target.libraries.get("xnnpack"):
+    xnnpack = bool(target.libraries.get("xnnpack"))
+    if settings.mode not in ("fp16", "bf16") and not integer and not xnnpack:
         raise CompileError(
             f"target '{target.name}' has no int8 kernels (they need [libraries] dnnl = true or "
             f"xnnpack = true); compile without --quantize")
-    if settings.mode == "bf16" and bf16_problem(target):
-        raise CompileError(bf16_problem(target))
+    if settings.mode == "bf16" and (problem := bf16_problem(target)):
+        raise CompileError(problem)
     if settings.mode in ("int8-static", "int8-dynamic") and not integer:
         raise CompileError(
             f"--quantize {settings.mode} needs integer kernels, which target '{target.name}' "
