@@ -45,7 +45,10 @@ def test_markdown_row():
         sys.path.remove(str(REPO / "benchmarks"))
     report = {"rows": [{"model": "digits", "mode": "int8-static", "artifact_bytes": 100,
                         "size_ratio": 0.25, "cosine_min": 0.9991234, "latency_ms": 0.5,
-                        "latency_ratio": 0.8, "held_out_accuracy": 0.98, "fp32_layers": ["fc"]}],
+                        "latency_ratio": 0.8, "held_out_accuracy": 0.98, "fp32_layers": ["fc"],
+                        "guard_drop": 0.00123}],
               "setup": {"target": "x86_64", "threads": 1, "rounds": 5, "runs": 10, "warmup": 3}}
     table = quantize.markdown(report)
-    assert "| digits | int8-static | 100 | 0.250 | 0.999123 | 0.500 | 0.800 | 98.00% | fc |" in table
+    assert ("| digits | int8-static | 100 | 0.250 | 0.999123 | 1.23e-03 | 0.500 | 0.800 | 98.00% "
+            "| fc |") in table
+    assert "Geomean latency / fp32, int8-static: 0.800 over 1 model(s)." in table

@@ -62,6 +62,7 @@ from edgec.core.samples import Sample
 from edgec.core.targets import Target
 from edgec.errors import CompileError, EdgecError, SamplesError
 from edgec.fileio import load_json_value, save_json_value
+from edgec.runtime import host_cpu_features
 from edgec.stages.plan import check_matches
 from edgec.stages.profile import Profile
 from edgec.stages.quantize import accuracy, simulate
@@ -193,8 +194,6 @@ class Quantization:
 
 def bf16_problem(target: Target) -> str | None:
     """Why ``--quantize bf16`` cannot build for ``target`` on this machine, or None."""
-    from edgec.runtime import host_cpu_features
-
     if not target.libraries.get("dnnl") or "avx512f" not in target.cpu_features:
         return (f"--quantize bf16 runs on oneDNN's AVX-512-bf16 kernels, which target "
                 f"'{target.name}' lacks (it needs [libraries] dnnl and avx512f, as x86_64-avx512 "
