@@ -31,6 +31,23 @@ dnnl::stream& Stream() {
   return stream;
 }
 
+// The activation the call's flags name (shim_common.h's FusedActivationOf) as an eltwise post-op.
+void AppendActivation(dnnl::post_ops& ops, int64_t flags) {
+  using alg = dnnl::algorithm;
+  const FusedActivation a = FusedActivationOf(flags);
+  switch (a.kind) {
+    case Act::kNone: return;
+    case Act::kRelu: ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f); return;
+    case Act::kClip: ops.append_eltwise(1.f, alg::eltwise_clip, 0.f, a.upper); return;
+    case Act::kSigmoid: ops.append_eltwise(1.f, alg::eltwise_logistic, 0.f, 0.f); return;
+    case Act::kTanh: ops.append_eltwise(1.f, alg::eltwise_tanh, 0.f, 0.f); return;
+    case Act::kSwish: ops.append_eltwise(1.f, alg::eltwise_swish, 1.f, 0.f); return;
+    case Act::kHardSwish: ops.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f); return;
+    case Act::kGeluErf: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); return;
+    case Act::kGeluTanh: ops.append_eltwise(1.f, alg::eltwise_gelu_tanh, 0.f, 0.f); return;
+  }
+}
+
 dnnl::reorder Reorder(const memory::desc& from, const memory::desc& to) {
   return dnnl::reorder(dnnl::reorder::primitive_desc(Engine(), from, Engine(), to));
 }

@@ -48,8 +48,6 @@
 
 namespace {
 
-constexpr int64_t kRelu = 1;  // shared with library_dispatch.py's FLAG_RELU
-
 void Check(const DLTensor* t, int code, int bits, const char* what) {
   if (t->device.device_type != kDLCPU) {
     TVM_FFI_THROW(ValueError) << "edgec int8: " << what << " is not on the CPU";
@@ -309,7 +307,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   auto entry = cache.Get(key, [&]() {
     auto entry = std::make_shared<DenseEntry>();
     dnnl::post_ops ops;
-    if ((flags & kRelu) && !dynamic) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    if (!dynamic) AppendActivation(ops, flags);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     dt src_t = dt::f32, w_t = dt::f32;
@@ -374,7 +372,13 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
   }
   entry->primitive.execute(Stream(), args);
   Stream().wait();
-  if (dynamic) ScaleBiasRelu(out, m, n, x_scale, b, flags & kRelu);
+  if (dynamic) {
+    const FusedActivation a = FusedActivationOf(flags);
+    ScaleBiasRelu(out, m, n, x_scale, b, a.kind == Act::kRelu);
+    if (a.kind != Act::kNone && a.kind != Act::kRelu) {
+      for (int64_t i = 0; i < m * n; ++i) out[i] = Activate(out[i], a);
+    }
+  }
 }
 
 void DenseW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t flags,
@@ -440,7 +444,7 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     dnnl::primitive_attr attr;
     dnnl::post_ops ops;
     if (with_residual) ops.append_binary(dnnl::algorithm::binary_add, dst_md);
-    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    AppendActivation(ops, flags);
     attr.set_post_ops(ops);
     if (int8) {
       attr.set_output_scales(1 << 1, entry->out_scales);

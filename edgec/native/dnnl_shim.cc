@@ -33,8 +33,7 @@
 
 namespace {
 
-// Flags shared with library_offload/rules.py.
-constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
+// Flags shared with library_offload/rules.py (kRelu and the activations: shim_common.h).
 // bf16 arithmetic (`--quantize bf16`): the weights packed as bf16 once, the input converted to
 // bf16 per call, products summed in f32 and the output written in f32, as the accuracy guard
 // simulated it (edgec/stages/quantize/simulate.py).
@@ -182,7 +181,7 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
         {pad_end[0], pad_end[1]});
     dnnl::post_ops ops;
     if (with_residual) ops.append_binary(dnnl::algorithm::binary_add, dst_md);
-    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    AppendActivation(ops, flags);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     return dnnl::convolution_forward::primitive_desc(desc, attr, Engine());
@@ -342,7 +341,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
   static PrimitiveCache<MatmulEntry> cache;
   auto entry = cache.Get({m, k, n, flags, threads.serial()}, [&]() {
     dnnl::post_ops ops;
-    if (flags & kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    AppendActivation(ops, flags);
     dnnl::primitive_attr attr;
     attr.set_post_ops(ops);
     const dt input = InputType(flags);

@@ -12,8 +12,11 @@
 #include <dlpack/dlpack.h>
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +24,48 @@
 #include <vector>
 
 namespace {
+
+// The flags of a conv2d or dense call, shared with library_offload/rules.py: relu last (after the
+// bias and the residual add), or another activation in bits 4-7, clip's upper bound (its lower is
+// 0) as float32 bits in bits 32-63.
+constexpr int64_t kRelu = 1;
+
+enum class Act { kNone, kRelu, kClip, kSigmoid, kTanh, kSwish, kHardSwish, kGeluErf, kGeluTanh };
+
+struct FusedActivation {
+  Act kind = Act::kNone;
+  float upper = 0.f;  // kClip's
+};
+
+FusedActivation FusedActivationOf(int64_t flags) {
+  FusedActivation a;
+  if (flags & kRelu) a.kind = Act::kRelu;
+  const int64_t code = (flags >> 4) & 15;  // rules.ACTIVATIONS' index + 1
+  if (code > 0) a.kind = static_cast<Act>(code + 1);
+  if (a.kind == Act::kClip) {
+    const uint32_t bits = static_cast<uint32_t>(static_cast<uint64_t>(flags) >> 32);
+    std::memcpy(&a.upper, &bits, sizeof(a.upper));
+  }
+  if (code > 7) TVM_FFI_THROW(ValueError) << "edgec: unknown activation code " << code;
+  return a;
+}
+
+// One value through `a`: for the paths that apply it outside the library.
+float Activate(float v, const FusedActivation& a) {
+  switch (a.kind) {
+    case Act::kNone: return v;
+    case Act::kRelu: return v < 0.f ? 0.f : v;
+    case Act::kClip: return v < 0.f ? 0.f : (v > a.upper ? a.upper : v);
+    case Act::kSigmoid: return 1.f / (1.f + std::exp(-v));
+    case Act::kTanh: return std::tanh(v);
+    case Act::kSwish: return v / (1.f + std::exp(-v));
+    case Act::kHardSwish: return v * std::min(std::max(v + 3.f, 0.f), 6.f) / 6.f;
+    case Act::kGeluErf: return 0.5f * v * (1.f + std::erf(v * 0.70710678f));
+    case Act::kGeluTanh:
+      return 0.5f * v * (1.f + std::tanh(0.79788456f * (v + 0.044715f * v * v * v)));
+  }
+  return v;
+}
 
 // Library objects by a key of every shape, attribute and weight id they depend on. A model sees
 // a bounded set of them; the cache is emptied should it ever pass a bound (entries in use stay

@@ -45,8 +45,15 @@
 
 namespace {
 
-// Flags shared with library_dispatch.py.
-constexpr int64_t kRelu = 1;  // relu last (after the bias and the residual add)
+// XNNPACK's operators clamp their output, so relu is the one activation this shim fuses
+// (DispatchRules.activations); the matcher sends it no other.
+void CheckReluOnly(int64_t flags, const char* op) {
+  const Act kind = FusedActivationOf(flags).kind;
+  if (kind != Act::kNone && kind != Act::kRelu) {
+    TVM_FFI_THROW(ValueError) << "edgec xnnpack: " << op << " cannot fuse activation "
+                              << static_cast<int>(kind) << "; recompile with this edgec";
+  }
+}
 
 const char* StatusName(xnn_status status) {
   switch (status) {
@@ -227,6 +234,7 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor* b
   if (Empty(src) || Empty(dst)) return;
   Initialize();
 
+  CheckReluOnly(attrs[9], "conv2d");
   // The relu goes into the operator's output clamp unless a residual is added after it.
   const bool relu = (attrs[9] & kRelu) != 0;
   const bool clamp_relu = relu && residual == nullptr;
@@ -335,6 +343,7 @@ void DenseImpl(DLTensor* src, DLTensor* weight, DLTensor* weight_scale, DLTensor
   int64_t m = 1;
   for (int i = 0; i + 1 < src->ndim; ++i) m *= src->shape[i];
   if (m == 0 || n == 0) return;
+  CheckReluOnly(flags, "dense");
   Initialize();
 
   static PrimitiveCache<Operator> cache;

@@ -47,6 +47,7 @@ CONVERTERS: dict[str, type] = {
     "MatMul": ops.wide_matmul(onnx_frontend.MatMul),
     "Softmax": ops.NarrowSoftmax,
     "Conv": ops.wide_conv(onnx_frontend.Conv),
+    "Clip": ops.constant_bound_clip(onnx_frontend.Clip),
     "Concat": ops.without_empty_operands(onnx_frontend.Concat),
     "BitCast": tensor_ops.BitCast,
     "Col2Im": tensor_ops.Col2Im,

@@ -25,7 +25,8 @@ from edgec.compiler.backends import llvm
 from edgec.compiler.backends.llvm import LLVMBackend
 from edgec.compiler.transform.shape_dispatch import add_shape_dispatch
 from edgec.compiler.pipeline import import_model
-from edgec.compiler.transform.library_offload import DispatchRules, dispatch_with_stats
+from edgec.compiler.transform.library_offload import (
+    ACTIVATIONS, FLAG_RELU, DispatchRules, dispatch_with_stats)
 from edgec.errors import CompileError, TargetError, ToolchainError
 from edgec.core.model import from_proto
 import edgec.runtime
@@ -584,3 +585,127 @@ def test_library_calls_go_serial_while_busy_processes_hold_the_cores(tmp_path):
     quiet, busy = run.stdout.split("quiet done\n")
     created = ",create:cache_miss,cpu,matmul,"
     assert quiet.count(created) == 1 and busy.count(created) == 1, run.stdout[-2000:]
+
+
+def activations_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 16, 8, 8] through convolutions, each followed by an activation as exporters spell
+    it, then matmuls followed by GELU (erf) and tanh; y[batch, 8, 32].
+
+    relu6 as Clip(0, 6); HardSwish; swish as x * Sigmoid(x); a squeeze-excite gate (Sigmoid,
+    then Mul with another tensor); torch's hard swish x * (Clip(x + 3, 0, 6) / 6); HardSigmoid;
+    Clip(0, 6) / 6 (the library scales the conv instead); a residual add then Clip(0, 6); and
+    two the library must not take: Clip(-1, 1) and x * (Clip(x + 3, 0, 6) / 5).
+    """
+    rng = np.random.default_rng(seed)
+    inits = {f"w{i}": _weight(rng, 16, 16, 3, 3) for i in range(11)}
+    inits.update({f"b{i}": _weight(rng, 16, scale=0.5) for i in range(11)})
+    inits.update({"m1": _weight(rng, 64, 128), "mb1": _weight(rng, 128, scale=0.5),
+                  "m2": _weight(rng, 128, 32), "three": np.array(3.0, np.float32),
+                  "six": np.array(6.0, np.float32), "five": np.array(5.0, np.float32),
+                  "zero": np.array(0.0, np.float32), "one": np.array(1.0, np.float32),
+                  "minus_one": np.array(-1.0, np.float32), "half": np.array(0.5, np.float32),
+                  "sqrt2": np.array(np.sqrt(2.0), np.float32),
+                  "shape": np.array([0, 8, 128], np.int64)})
+    nodes = []
+
+    def conv(i, x):
+        nodes.append(helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], pads=[1] * 4))
+        return f"c{i}"
+
+    def op(kind, inputs, out, **attrs):
+        nodes.append(helper.make_node(kind, inputs, [out], **attrs))
+        return out
+
+    a = op("Clip", [conv(0, "x"), "zero", "six"], "relu6")
+    a = op("HardSwish", [conv(1, a)], "hswish")
+    c = conv(2, a)
+    a = op("Mul", [c, op("Sigmoid", [c], "sig2")], "swish")
+    a = op("Mul", [op("Sigmoid", [conv(3, a)], "gate"), a], "excited")
+    c = conv(4, a)
+    t = op("Clip", [op("Add", [c, "three"], "p4"), "zero", "six"], "q4")
+    a = op("Mul", [c, op("Div", [t, "six"], "r4")], "torch_hswish")
+    a = op("Mul", [op("HardSigmoid", [conv(5, a)], "hsig"), a], "hs_gated")
+    a = op("Div", [op("Clip", [conv(6, a), "zero", "six"], "q6"), "six"], "relu6_scaled")
+    a = op("Clip", [op("Add", [conv(7, a), a], "res7"), "zero", "six"], "res_relu6")
+    a = op("Clip", [conv(8, a), "minus_one", "one"], "hardtanh")
+    c = conv(9, a)
+    t = op("Clip", [op("Add", [c, "three"], "p9"), "zero", "six"], "q9")
+    a = op("Mul", [c, op("Div", [t, "five"], "r9")], "not_hswish")
+    h = op("Reshape", [conv(10, a), "shape"], "rows")  # [batch, 8, 128]... as 8 rows of 128
+    h = op("Add", [op("MatMul", [op("Slice", [h, "s0", "s1", "s2"], "half_rows"), "m1"], "mm1"),
+                   "mb1"], "mm1b")
+    g = op("Mul", [h, op("Mul", ["half", op("Add", [op("Erf", [op("Div", [h, "sqrt2"], "d")],
+                                                      "e"), "one"], "e1")], "e2")], "gelu")
+    op("Tanh", [op("MatMul", [g, "m2"], "mm2")], "y")
+    inits.update({"s0": np.array([0], np.int64), "s1": np.array([64], np.int64),
+                  "s2": np.array([2], np.int64)})
+    graph = helper.make_graph(
+        nodes, "activations",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 32])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _fused_activations(mod: tvm.IRModule) -> list[tuple[str, str | None, float]]:
+    """Each library call's function, the activation its flags fuse and clip's bound."""
+    calls = []
+
+    def visit(expr):
+        if (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)
+                and expr.op.name == "relax.call_dps_packed"):
+            calls.append((str(expr.args[0].global_symbol), expr.args[1].fields))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    found = []
+    for name, args in calls:
+        flags = int(args[-2].value)
+        code = (flags >> 4) & 15
+        upper = float(np.array([flags >> 32], np.uint32).view(np.float32)[0])
+        act = ("relu" if flags & FLAG_RELU else None) if code == 0 else ACTIVATIONS[code - 1]
+        found.append((name, act, upper if act == "clip" else 0.0))
+    return found
+
+
+def test_activations_as_exporters_spell_them_fuse_into_the_library_calls():
+    mod = import_model(from_proto(activations_model(), "activations"))
+    out, stats = dispatch_with_stats(mod, DispatchRules(block=0))
+    assert stats.calls == {"edgec_dnnl_conv2d": 10, "edgec_dnnl_conv2d_add": 1,
+                           "edgec_dnnl_dense": 2}
+    assert [act[1:] for act in _fused_activations(out)] == [
+        ("clip", 6.0), ("hardswish", 0.0), ("swish", 0.0), ("sigmoid", 0.0), ("hardswish", 0.0),
+        ("clip", 1.0),  # HardSigmoid: its x / 6 + 0.5 folds into the conv, clip(0, 1) stays
+        ("clip", 1.0),  # Clip(0, 6) / 6 as clip(0, 1) of the conv scaled by 1/6
+        ("clip", 6.0),  # after the residual add
+        (None, 0.0), (None, 0.0),  # Clip(-1, 1); x * Clip(x + 3, 0, 6) / 5
+        (None, 0.0), ("gelu_erf", 0.0), ("tanh", 0.0)]
+    ops = _ops(out)
+    for gone in ("R.sigmoid", "R.erf", "R.tanh", "R.clip"):
+        assert gone not in ops
+    # The two the library must not take stay: max/min, and the / 5 chain's ops.
+    assert ops.count("R.maximum") == 2 and ops.count("R.divide") == 1
+
+
+def test_xnn_rules_fuse_relu_only():
+    mod = import_model(from_proto(activations_model(), "activations"))
+    out, _ = dispatch_with_stats(mod, DispatchRules(library="xnn", block=0))
+    # relu6's max(x, 0) fuses as relu, its min(x, 6) stays; nothing else fuses.
+    assert {act for _, act, _ in _fused_activations(out)} == {None, "relu"}
+    assert "R.sigmoid" in _ops(out) and "R.minimum" in _ops(out)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [0, 16])
+def test_compiled_fused_activations_match_onnxruntime(block, monkeypatch, tmp_path):
+    proto = activations_model()
+    rng = np.random.default_rng(5)
+    profiled = [Sample(f"s{i}", {"x": rng.standard_normal((1, 16, 8, 8)).astype(np.float32)})
+                for i in range(3)]
+    model = _compile(proto, "activations", profiled, monkeypatch, block, tmp_path)
+    for batch in (1, 2):  # the specialization, then the symbolic fallback
+        x = (3 * rng.standard_normal((batch, 16, 8, 8))).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-4, atol=1e-4)

@@ -57,11 +57,11 @@ from edgec.compiler.transform.library_offload.analysis import (_rewrite_function
 from edgec.compiler.transform.library_offload.canonicalize import _canonical_groups
 from edgec.compiler.transform.library_offload.layout import _block_layout
 from edgec.compiler.transform.library_offload.match import _library_groups
-from edgec.compiler.transform.library_offload.rules import (FLAG_BF16, FLAG_RELU, LIBRARIES,
-                                                            DispatchRules, DispatchStats)
+from edgec.compiler.transform.library_offload.rules import (
+    ACTIVATIONS, FLAG_BF16, FLAG_RELU, LIBRARIES, DispatchRules, DispatchStats, activation_flags)
 
 __all__ = [
-    "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "DispatchRules", "DispatchStats", "Canonicalize",
+    "ACTIVATIONS", "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "activation_flags", "DispatchRules", "DispatchStats", "Canonicalize",
     "Offload", "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value",
     "weight_id",
 ]

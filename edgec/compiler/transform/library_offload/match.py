@@ -1,5 +1,5 @@
 """Library patterns: convolutions and matmuls with constant weights, with the per-channel affine
-ops, residual add and relu after them, rewritten into ``call_dps_packed`` calls of the shim that
+ops, residual add and activation after them, rewritten into ``call_dps_packed`` calls of the shim that
 ``DispatchRules.library`` names."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from tvm import relax
 from edgec.compiler.ir import static_shape
 from edgec.compiler.transform.library_offload.analysis import (
     _ADD, _Analysis, _Binding, _CONV1D, _CONV2D, _DIVIDE, _equal_dims, _float32, _Group, _is_call,
-    _MATMUL, _MULTIPLY, _per_channel, _RELU, _same_shape, _SUBTRACT, constant_value, weight_id)
-from edgec.compiler.transform.library_offload.rules import DispatchRules, DispatchStats, FLAG_RELU
+    _MATMUL, _MULTIPLY, _per_channel, _same_shape, _SUBTRACT, constant_value, weight_id)
+from edgec.compiler.transform.library_offload.activation import find_activation
+from edgec.compiler.transform.library_offload.rules import (DispatchRules, DispatchStats,
+                                                             activation_flags)
 
 
 @dataclass
@@ -25,58 +27,72 @@ class _Epilogue:
     scale: np.ndarray
     shift: np.ndarray
     residual: relax.Expr | None = None
-    relu: bool = False
+    activation: str | None = None  # rules.activation_flags's name
+    upper: float = 0.0  # clip's
+
+    @property
+    def flags(self) -> int:
+        return activation_flags(self.activation, self.upper)
 
 
 def _epilogue(analysis: _Analysis, head: relax.Var, channels: int, rank: int, axis: int,
-              residual: bool, taken: set[relax.Var]) -> _Epilogue:
-    """Follow ``head``'s chain of sole consumers: per-channel affine ops, residual add, relu.
+              residual: bool, taken: set[relax.Var], rules: DispatchRules) -> _Epilogue:
+    """Follow ``head``'s chain of sole consumers: per-channel affine ops and a residual add, then
+    an activation of ``rules.activations`` (``activation.find_activation``).
 
     ``axis`` is the channel axis of the rank-``rank`` output; bindings in ``taken`` belong to
     another group and end the chain.
     """
     ep = _Epilogue(head, {head}, np.ones(channels, np.float32), np.zeros(channels, np.float32))
-    affine = True
     while True:
         consumer = analysis.sole_consumer(ep.tail)
-        if consumer is None or consumer.var in taken:
-            return ep
-        value, var = consumer.value, consumer.var
-        if _is_call(value, _RELU):
-            ep.relu = True
-            ep.tail = var
-            ep.drop.add(var)
-            return ep
-        if any(_is_call(value, op) for op in (_ADD, _SUBTRACT, _MULTIPLY, _DIVIDE)):
-            first = value.args[0].same_as(ep.tail)
-            other = value.args[1] if first else value.args[0]
-            constant = constant_value(other)
-            if constant is not None:
-                vector = _per_channel(constant, channels, rank, axis)
-                if vector is None or not affine:
-                    return ep
-                if _is_call(value, _ADD):
-                    ep.shift = ep.shift + vector
-                elif _is_call(value, _SUBTRACT):
-                    if not first:  # c - x: not an affine map of x with scale 1
-                        return ep
-                    ep.shift = ep.shift - vector
-                elif _is_call(value, _MULTIPLY):
-                    ep.scale, ep.shift = ep.scale * vector, ep.shift * vector
-                else:
-                    if not first or np.any(vector == 0):
-                        return ep
-                    ep.scale, ep.shift = ep.scale / vector, ep.shift / vector
-            elif (_is_call(value, _ADD) and residual and ep.residual is None
-                  and _same_shape(other, var) and _same_shape(ep.tail, var) and _float32(other)):
-                ep.residual = other
-                affine = False
-            else:
-                return ep
-            ep.tail = var
-            ep.drop.add(var)
-            continue
-        return ep
+        if (consumer is None or consumer.var in taken
+                or not _absorb(ep, consumer, channels, rank, axis, residual)):
+            break
+        ep.tail = consumer.var
+        ep.drop.add(consumer.var)
+    found = find_activation(analysis, ep.tail, taken, rules.activations,
+                            may_prescale=ep.residual is None)
+    if found is not None:
+        ep.activation, ep.upper = found.name, found.upper
+        ep.scale, ep.shift = ep.scale * found.prescale, ep.shift * found.prescale
+        ep.tail = found.tail
+        ep.drop |= found.drop
+    return ep
+
+
+def _absorb(ep: _Epilogue, consumer: _Binding, channels: int, rank: int, axis: int,
+            residual: bool) -> bool:
+    """Fold ``consumer``, a per-channel affine op of ``ep.tail`` or (``residual``) the add of a
+    residual, into ``ep``; False if it is neither."""
+    value, var = consumer.value, consumer.var
+    if not any(_is_call(value, op) for op in (_ADD, _SUBTRACT, _MULTIPLY, _DIVIDE)):
+        return False
+    first = value.args[0].same_as(ep.tail)
+    other = value.args[1] if first else value.args[0]
+    constant = constant_value(other)
+    if constant is not None:
+        vector = _per_channel(constant, channels, rank, axis)
+        if vector is None or ep.residual is not None:  # after the residual: not affine of acc
+            return False
+        if _is_call(value, _ADD):
+            ep.shift = ep.shift + vector
+        elif _is_call(value, _SUBTRACT):
+            if not first:  # c - x: not an affine map of x with scale 1
+                return False
+            ep.shift = ep.shift - vector
+        elif _is_call(value, _MULTIPLY):
+            ep.scale, ep.shift = ep.scale * vector, ep.shift * vector
+        else:
+            if not first or np.any(vector == 0):
+                return False
+            ep.scale, ep.shift = ep.scale / vector, ep.shift / vector
+        return True
+    if (_is_call(value, _ADD) and residual and ep.residual is None
+            and _same_shape(other, var) and _same_shape(ep.tail, var) and _float32(other)):
+        ep.residual = other
+        return True
+    return False
 
 
 def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
@@ -94,7 +110,8 @@ def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
             or attrs.out_dtype not in (None, "", "float32") or data.ty.ndim != rank):
         return None
     out_channels = w.shape[0]
-    ep = _epilogue(analysis, binding.var, out_channels, rank, 1, residual=True, taken=taken)
+    ep = _epilogue(analysis, binding.var, out_channels, rank, 1, residual=True, taken=taken,
+                   rules=rules)
     weight_folded = (w * ep.scale.reshape((-1,) + (1,) * (rank - 1))).astype(np.float32)
     bias = ep.shift.astype(np.float32)
     strides, padding, dilation = ([int(v) for v in a] for a in (attrs.strides, attrs.padding,
@@ -105,7 +122,7 @@ def _conv_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
         padding = [0, padding[0], 0, padding[1]]
     groups = int(attrs.groups)
     wid = weight_id(weight_folded)
-    ints = [*strides, *padding, *dilation, groups, FLAG_RELU if ep.relu else 0, wid]
+    ints = [*strides, *padding, *dilation, groups, ep.flags, wid]
     name = rules.symbol("conv2d_add" if ep.residual is not None else "conv2d")
     out_ty = ep.tail.ty
     if one_d:
@@ -142,10 +159,11 @@ def _dense_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
         return None
     rank = binding.var.ty.ndim
     n = w.shape[1]
-    ep = _epilogue(analysis, binding.var, n, rank, rank - 1, residual=False, taken=taken)
+    ep = _epilogue(analysis, binding.var, n, rank, rank - 1, residual=False, taken=taken,
+                   rules=rules)
     weight_folded = (w * ep.scale.reshape(1, -1)).astype(np.float32)
     bias = ep.shift.astype(np.float32)
-    flags = FLAG_RELU if ep.relu else 0
+    flags = ep.flags
     wid = weight_id(weight_folded)
     out_ty = ep.tail.ty
     name = rules.symbol("dense")

@@ -5,9 +5,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import struct
+
 FLAG_RELU = 1
 # bf16 arithmetic, f32 accumulation and output (``--quantize bf16``; oneDNN's conv2d and dense).
 FLAG_BF16 = 2
+
+# An activation applied last (after the bias and the residual add), other than relu, which keeps
+# FLAG_RELU: its code in bits 4-7 of the flags; clip's upper bound (its lower is 0: relu6, hard
+# sigmoid) as float32 bits in bits 32-63. Decoded by ActivationOf (edgec/native/shim_common.h).
+ACTIVATIONS = ("clip", "sigmoid", "tanh", "swish", "hardswish", "gelu_erf", "gelu_tanh")
+_ACTIVATION_SHIFT = 4
+
+
+def activation_flags(name: str | None, upper: float = 0.0) -> int:
+    """The flags bits that fuse activation ``name`` (None or "relu": FLAG_RELU or nothing)."""
+    if name is None:
+        return 0
+    if name == "relu":
+        return FLAG_RELU
+    code = (ACTIVATIONS.index(name) + 1) << _ACTIVATION_SHIFT
+    if name == "clip":
+        if not upper > 0:
+            raise ValueError(f"a fused clip's upper bound must be positive, not {upper}")
+        code |= struct.unpack("<I", struct.pack("<f", upper))[0] << 32
+    return code
 
 LIBRARIES = ("dnnl", "xnn")  # the shims: edgec/native/dnnl_shim.cc, edgec/native/xnnpack_shim.cc
 
@@ -34,6 +56,9 @@ class DispatchRules:
     dims (attention's scores and weighted values) goes to oneDNN's batched matmul; TVM's kernel
     for it ran ViT at 3.2x and the Whisper encoder at 10.6x onnxruntime's time. oneDNN only: the
     XNNPACK shim has no such function.
+    ``activations``: the activations (``relu`` and ``ACTIVATIONS``) a call fuses after its bias
+    and residual add; the others stay TVM ops. XNNPACK's shim fuses relu only (its operators
+    clamp; the other activations are separate operators there).
     With ``library="xnn"`` any nonzero ``block`` means NHWC ([N, 1, H, W, C], one block of all
     channels): XNNPACK's operators take NHWC only, no blocked layouts.
     Grouped convolutions stay grouped here: whether one runs ungrouped (zero weights between
@@ -48,13 +73,20 @@ class DispatchRules:
     dense_min_macs: int = 4096
     block: int = 16
     batch_matmul: bool = False
+    activations: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
+        if self.activations is None:
+            default = {"relu", *ACTIVATIONS} if self.library == "dnnl" else {"relu"}
+            object.__setattr__(self, "activations", frozenset(default))
         if self.library not in LIBRARIES:
             raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
                              f"{', '.join(LIBRARIES)}")
         if self.batch_matmul and self.library != "dnnl":
             raise ValueError("DispatchRules.batch_matmul: only the oneDNN shim has it")
+        unknown = set(self.activations) - {"relu", *ACTIVATIONS}
+        if unknown:
+            raise ValueError(f"DispatchRules.activations: unknown {', '.join(sorted(unknown))}")
 
     def symbol(self, function: str) -> str:
         """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``,
