@@ -591,16 +591,18 @@ def activations_model(seed: int = 0) -> onnx.ModelProto:
     """x[batch, 16, 8, 8] through convolutions, each followed by an activation as exporters spell
     it, then matmuls followed by GELU (erf) and tanh; y[batch, 8, 32].
 
-    relu6 as Clip(0, 6); HardSwish; swish as x * Sigmoid(x); a squeeze-excite gate (Sigmoid,
-    then Mul with another tensor); torch's hard swish x * (Clip(x + 3, 0, 6) / 6); HardSigmoid;
-    Clip(0, 6) / 6 (the library scales the conv instead); a residual add then Clip(0, 6); and
-    two the library must not take: Clip(-1, 1) and x * (Clip(x + 3, 0, 6) / 5).
+    relu6 as Clip(0, 6); HardSwish; swish as x * Sigmoid(x); a gate (Sigmoid, then Mul with
+    another tensor); torch's hard swish x * (Clip(x + 3, 0, 6) / 6); a squeeze-excite block (its
+    [batch, 16, 1, 1] gate scales the image); HardSigmoid;
+    Clip(0, 6) / 6 (the library scales the conv instead); a residual add then Clip(0, 6); two
+    the library must not take: Clip(-1, 1) and x * (Clip(x + 3, 0, 6) / 5); GELU as
+    (x * (1 + Erf(x / sqrt 2))) * 0.5.
     """
     rng = np.random.default_rng(seed)
-    inits = {f"w{i}": _weight(rng, 16, 16, 3, 3) for i in range(11)}
-    inits.update({f"b{i}": _weight(rng, 16, scale=0.5) for i in range(11)})
+    inits = {f"w{i}": _weight(rng, 16, 16, 3, 3) for i in range(12)}
+    inits.update({f"b{i}": _weight(rng, 16, scale=0.5) for i in range(12)})
     inits.update({"m1": _weight(rng, 64, 128), "mb1": _weight(rng, 128, scale=0.5),
-                  "m2": _weight(rng, 128, 32), "three": np.array(3.0, np.float32),
+                  "m2": _weight(rng, 128, 32), "w_se": _weight(rng, 16, 16, 1, 1), "three": np.array(3.0, np.float32),
                   "six": np.array(6.0, np.float32), "five": np.array(5.0, np.float32),
                   "zero": np.array(0.0, np.float32), "one": np.array(1.0, np.float32),
                   "minus_one": np.array(-1.0, np.float32), "half": np.array(0.5, np.float32),
@@ -624,6 +626,9 @@ def activations_model(seed: int = 0) -> onnx.ModelProto:
     c = conv(4, a)
     t = op("Clip", [op("Add", [c, "three"], "p4"), "zero", "six"], "q4")
     a = op("Mul", [c, op("Div", [t, "six"], "r4")], "torch_hswish")
+    nodes.append(helper.make_node("Conv", [op("GlobalAveragePool", [a], "pooled"), "w_se"],
+                                  ["c_se"]))
+    a = op("Mul", [a, op("Sigmoid", ["c_se"], "se_gate")], "squeezed")  # gate [batch, 16, 1, 1]
     a = op("Mul", [op("HardSigmoid", [conv(5, a)], "hsig"), a], "hs_gated")
     a = op("Div", [op("Clip", [conv(6, a), "zero", "six"], "q6"), "six"], "relu6_scaled")
     a = op("Clip", [op("Add", [conv(7, a), a], "res7"), "zero", "six"], "res_relu6")
@@ -631,6 +636,9 @@ def activations_model(seed: int = 0) -> onnx.ModelProto:
     c = conv(9, a)
     t = op("Clip", [op("Add", [c, "three"], "p9"), "zero", "six"], "q9")
     a = op("Mul", [c, op("Div", [t, "five"], "r9")], "not_hswish")
+    c = conv(11, a)  # GELU as ConvNeXt's export spells it: (x * (1 + erf(x / sqrt 2))) * 0.5
+    t = op("Add", [op("Erf", [op("Div", [c, "sqrt2"], "d11")], "e11"), "one"], "f11")
+    a = op("Mul", [op("Mul", [c, t], "g11"), "half"], "gelu_after")
     h = op("Reshape", [conv(10, a), "shape"], "rows")  # [batch, 8, 128]... as 8 rows of 128
     h = op("Add", [op("MatMul", [op("Slice", [h, "s0", "s1", "s2"], "half_rows"), "m1"], "mm1"),
                    "mb1"], "mm1b")
@@ -673,20 +681,29 @@ def _fused_activations(mod: tvm.IRModule) -> list[tuple[str, str | None, float]]
 def test_activations_as_exporters_spell_them_fuse_into_the_library_calls():
     mod = import_model(from_proto(activations_model(), "activations"))
     out, stats = dispatch_with_stats(mod, DispatchRules(block=0))
-    assert stats.calls == {"edgec_dnnl_conv2d": 10, "edgec_dnnl_conv2d_add": 1,
+    assert stats.calls == {"edgec_dnnl_conv2d": 12, "edgec_dnnl_conv2d_add": 1,
                            "edgec_dnnl_dense": 2}
     assert [act[1:] for act in _fused_activations(out)] == [
         ("clip", 6.0), ("hardswish", 0.0), ("swish", 0.0), ("sigmoid", 0.0), ("hardswish", 0.0),
+        ("sigmoid", 0.0),  # the squeeze-excite gate
         ("clip", 1.0),  # HardSigmoid: its x / 6 + 0.5 folds into the conv, clip(0, 1) stays
         ("clip", 1.0),  # Clip(0, 6) / 6 as clip(0, 1) of the conv scaled by 1/6
         ("clip", 6.0),  # after the residual add
         (None, 0.0), (None, 0.0),  # Clip(-1, 1); x * Clip(x + 3, 0, 6) / 5
-        (None, 0.0), ("gelu_erf", 0.0), ("tanh", 0.0)]
+        ("gelu_erf", 0.0), (None, 0.0), ("gelu_erf", 0.0), ("tanh", 0.0)]
     ops = _ops(out)
     for gone in ("R.sigmoid", "R.erf", "R.tanh", "R.clip"):
         assert gone not in ops
     # The two the library must not take stay: max/min, and the / 5 chain's ops.
     assert ops.count("R.maximum") == 2 and ops.count("R.divide") == 1
+
+
+def test_blocked_layout_reaches_through_squeeze_excite_gates():
+    """The [batch, C, 1, 1] gate and the image it scales are blocked alike, so the whole chain of
+    convolutions stays blocked: one layout transform, back to NCHW for the final reshape."""
+    mod = import_model(from_proto(activations_model(), "activations"))
+    out, _ = dispatch_with_stats(mod, DispatchRules(block=16))
+    assert _ops(out).count("R.layout_transform") == 1
 
 
 def test_xnn_rules_fuse_relu_only():

@@ -57,18 +57,12 @@ _COMMUTES = {"relax.add", "relax.multiply", "relax.maximum", "relax.minimum"}
 _CLIP = tvm.ir.Op.get("relax.clip")
 _MULTIPLY = tvm.ir.Op.get("relax.multiply")
 
-# The activations ``t * g(t)`` by their gate g.
-_GATES: dict[str, Function] = {
-    "swish": _sigmoid,
-    "hardswish": lambda x: np.clip(x / 6.0 + 0.5, 0.0, 1.0),
-    "gelu_erf": lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))),
-    "gelu_tanh": _gelu_tanh_gate,
-}
 _PLAIN: dict[str, Function] = {
     "relu": lambda x: np.maximum(x, 0.0),
     "sigmoid": _sigmoid,
     "tanh": np.tanh,
     "swish": _UNARY["relax.nn.silu"],
+    "hardswish": lambda x: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0),
     "gelu_erf": _UNARY["relax.nn.gelu"],
     "gelu_tanh": _UNARY["relax.nn.gelu_tanh"],
 }
@@ -216,24 +210,36 @@ def _as_clip(values: np.ndarray, may_prescale: bool) -> tuple[float, float] | No
 
 def _gated(analysis: _Analysis, bindings: list[_Binding], tail: relax.Var,
            taken: set[relax.Var], allowed: frozenset[str]) -> Activation | None:
-    """``tail * g(tail)``: one consumer starts the gate's chain, the other multiplies."""
+    """``h(tail * g(tail))``: one consumer starts the chain of g, the other multiplies, and
+    scalar ops h may follow (GELU as ``(x * (1 + erf(x / sqrt 2))) * 0.5``)."""
     for gate_start, product in (bindings, bindings[::-1]):
         chain = _chain(analysis, gate_start, tail, taken)
         if not chain:
             continue
         last, gate = chain[-1]
         value = product.value
+        consumer = analysis.sole_consumer(last.var)
         if (not isinstance(value, relax.Call) or not value.op.same_as(_MULTIPLY)
-                or analysis.sole_consumer(last.var) is None
-                or analysis.sole_consumer(last.var).var != product.var
+                or consumer is None or consumer.var != product.var
                 or not _operands_are(value, tail, last.var)):
             continue
-        with np.errstate(all="ignore"):
-            values = gate(_GRID)
-        for name, reference in _GATES.items():
-            if name in allowed and _close(values, reference(_GRID)):
-                return Activation(name, product.var, {b.var for b, _ in chain} | {product.var})
+        after = analysis.sole_consumer(product.var)
+        tails = [(product, lambda y: y)] + (
+            _chain(analysis, after, product.var, taken) if after is not None else [])
+        for end, h in reversed(tails):
+            with np.errstate(all="ignore"):
+                values = h(_GRID * gate(_GRID))
+            for name, reference in _PLAIN.items():
+                if name in allowed and name != "relu" and _close(values, reference(_GRID)):
+                    drop = {b.var for b, _ in chain} | {b.var for b, _ in tails}
+                    drop = {v for v in drop if _position(tails, v) <= _position(tails, end.var)}
+                    return Activation(name, end.var, drop)
     return None
+
+
+def _position(tails: list[tuple[_Binding, Function]], var: relax.Var) -> int:
+    """Where ``var`` is among the product and the ops after it (-1: not there: the gate's)."""
+    return next((i for i, (b, _) in enumerate(tails) if b.var.same_as(var)), -1)
 
 
 def _operands_are(call: relax.Call, a: relax.Var, b: relax.Var) -> bool:

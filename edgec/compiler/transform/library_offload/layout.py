@@ -9,7 +9,7 @@ from tvm import relax, tirx
 
 from edgec.compiler.transform.library_offload.rules import LIBRARIES, DispatchRules
 from edgec.compiler.transform.library_offload.analysis import (
-    _Analysis, _is_call, _per_channel, _same_shape, constant_value)
+    _Analysis, _equal_dims, _is_call, _per_channel, _same_shape, constant_value)
 
 _CONV_FUNCTIONS = tuple(DispatchRules(library=lib).symbol(f)
                         for lib in LIBRARIES for f in ("conv2d", "conv2d_add"))
@@ -35,6 +35,20 @@ def _channels(expr: relax.Expr) -> int | None:
     if values is None or not isinstance(values[1], tirx.IntImm):
         return None
     return int(values[1])
+
+
+def _channel_broadcast(arg: relax.Expr, like: relax.Expr) -> bool:
+    """Whether ``arg`` is [N, C, 1, 1] of rank-4 ``like``'s N and C: a per-channel value per image
+    (a squeeze-excite gate), which broadcasts over a blocked tensor once blocked alike."""
+    a, b = arg.ty, like.ty
+    if not (isinstance(a, relax.TensorType) and isinstance(b, relax.TensorType)
+            and a.dtype == b.dtype and a.ndim == 4 and b.ndim == 4):
+        return False
+    va, vb = getattr(a.shape, "values", None), getattr(b.shape, "values", None)
+    if va is None or vb is None:
+        return False
+    ones = all(isinstance(d, tirx.IntImm) and int(d) == 1 for d in va[2:])
+    return ones and _equal_dims(va[:2], vb[:2])
 
 
 def _block_of(channels: int | None, preferred: int | None) -> int | None:
@@ -256,6 +270,12 @@ def _block_layout(func: relax.Function, preferred: int | None,
             if any(op.same_as(unary) for unary in _UNARY) and first is not None:
                 return relax.Call(op, [first, *args[1:]], value.attrs), block
             if any(op.same_as(binary) for binary in _BINARY):
+                # The block of a full-size operand: a broadcast gate alone does not make it pay
+                # to convert the tensor it scales.
+                block = next((self._block(a) for a in args
+                              if _same_shape(a, var) and self._block(a) is not None), None)
+                if block is None:
+                    return None
                 new_args = []
                 for arg in args:
                     constant = constant_value(arg)
@@ -264,7 +284,7 @@ def _block_layout(func: relax.Function, preferred: int | None,
                         if folded is None:
                             return None
                         new_args.append(relax.const(folded.astype(constant.dtype)))
-                    elif _same_shape(arg, var):
+                    elif _same_shape(arg, var) or _channel_broadcast(arg, var):
                         new_args.append(self._blocked_arg(arg, block))
                     else:
                         return None
