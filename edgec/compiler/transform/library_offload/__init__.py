@@ -18,9 +18,11 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
     edgec_dnnl_dense(x[..., K], w[K, N], b[N], flags, wid, out[..., N])
         out = act(x @ w + b)
 
-``flags``: FLAG_RELU applies relu last; FLAG_BF16 (oneDNN) computes in bf16 (set by
-``transform.quantized`` for the layers ``--quantize bf16`` keeps there). ``wid`` identifies a
-constant weight by its content: the shim repacks each weight once per id and layout, so ids are content hashes.
+``flags``: FLAG_RELU applies relu last, ``activation_flags`` another activation of
+``ACTIVATIONS`` (oneDNN only: clip(0, hi), sigmoid, tanh, swish, hard swish, GELU); FLAG_BF16
+(oneDNN) computes in bf16 (set by ``transform.quantized`` for the layers ``--quantize bf16``
+keeps there). ``wid`` identifies a constant weight by its content: the shim repacks each weight
+once per id and layout, so ids are content hashes.
 
 What :func:`dispatch_to_dnnl` does, as three module passes run in this order, each rewriting every
 Relax function (``main``, the ``spec_*`` and ``generic`` copies of shape dispatch, ``If`` branches
@@ -32,13 +34,16 @@ included) and leaving its input module unchanged:
    ``sum(stack([a, b]))`` (ONNX Sum) becomes ``a + b``; ``broadcast_to`` a tensor's own shape and
    inference dropout disappear.
 2. :func:`Offload` (``match.py``), library calls: a conv2d with a constant weight takes the
-   per-channel affine ops after it (folded into weight and bias), then a residual add and a relu;
-   a matmul with a constant weight takes its bias and relu. Every conv and dense matmul goes to
-   oneDNN: TVM's untuned kernels lose by 60x and more, even on a 64x64 matmul (measured). Matmuls
-   of two computed tensors (attention) stay with TVM, where they cost little at the sizes seen.
+   per-channel affine ops after it (folded into weight and bias), then a residual add and an
+   activation (``activation.py``: the exporter's chain of scalar ops, compared numerically with
+   each activation's definition); a matmul with a constant weight takes its bias and activation.
+   Every conv and dense matmul goes to oneDNN: TVM's untuned kernels lose by 60x and more, even
+   on a 64x64 matmul (measured). Matmuls of two computed tensors (attention) stay with TVM, where
+   they cost little at the sizes seen.
 3. :func:`PropagateLayout` (``layout.py``), library layout (``DispatchRules.block``): activations
    stay in the library's layout between its calls (oneDNN: blocked NCHW{b}c; XNNPACK: NHWC), and
-   the TVM ops between them run in that layout too (see :func:`layout._block_layout`).
+   the TVM ops between them run in that layout too, squeeze-excite gates ([N, C, 1, 1]) included
+   (see :func:`layout._block_layout`).
 
 ``analysis.py`` holds what the steps share: where each variable is bound and used, the rewriting
 of groups of bindings, and small IR helpers (:func:`constant_value`,
@@ -61,9 +66,9 @@ from edgec.compiler.transform.library_offload.rules import (
     ACTIVATIONS, FLAG_BF16, FLAG_RELU, LIBRARIES, DispatchRules, DispatchStats, activation_flags)
 
 __all__ = [
-    "ACTIVATIONS", "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "activation_flags", "DispatchRules", "DispatchStats", "Canonicalize",
-    "Offload", "PropagateLayout", "dispatch_to_dnnl", "dispatch_with_stats", "constant_value",
-    "weight_id",
+    "ACTIVATIONS", "FLAG_BF16", "FLAG_RELU", "LIBRARIES", "activation_flags", "DispatchRules",
+    "DispatchStats", "Canonicalize", "Offload", "PropagateLayout", "dispatch_to_dnnl",
+    "dispatch_with_stats", "constant_value", "weight_id",
 ]
 
 
