@@ -22,6 +22,7 @@
 #include <tvm/ffi/function.h>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -431,6 +432,123 @@ void BatchMatmulExport(DLTensor* a, DLTensor* b, DLTensor* dst) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Softmax
+
+// Below this many elements one thread does a softmax or a layer norm: waking the second costs
+// more than it saves.
+constexpr int64_t kSerialElements = int64_t(1) << 14;
+
+struct SoftmaxEntry {
+  dnnl::softmax_forward::primitive_desc pd;
+  dnnl::softmax_forward primitive;
+};
+
+// softmax(x[...], axis, out[...]): out = exp(x - max) / sum(exp(x - max)) along `axis`, in
+// oneDNN's vectorized, threaded kernel (TVM's ran serial and scalar between library calls: a
+// third of the Whisper encoder's time). The tensor is viewed as [outer, axis, inner].
+void Softmax(DLTensor* src, int64_t axis, DLTensor* dst) {
+  CheckFloat32(src, "edgec dnnl", "softmax input");
+  CheckFloat32(dst, "edgec dnnl", "softmax output");
+  const int rank = src->ndim;
+  bool same = dst->ndim == rank && rank >= 1;
+  for (int i = 0; same && i < rank; ++i) same = src->shape[i] == dst->shape[i];
+  if (axis < 0) axis += rank;
+  if (!same || axis < 0 || axis >= rank) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: softmax needs input and output of one shape and an "
+                                 "axis inside it";
+  }
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= src->shape[i];
+  for (int i = axis + 1; i < rank; ++i) inner *= src->shape[i];
+  const int64_t length = src->shape[axis];
+  if (outer == 0 || inner == 0 || length == 0) return;
+  ThreadsScope threads(outer * length * inner < kSerialElements);
+  static PrimitiveCache<SoftmaxEntry> cache;
+  auto entry = cache.Get({outer, length, inner, threads.serial()}, [&]() {
+    const memory::desc md = inner == 1 ? memory::desc({outer, length}, dt::f32, tag::ab)
+                                       : memory::desc({outer, length, inner}, dt::f32, tag::abc);
+    dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference, md, 1);
+    dnnl::softmax_forward::primitive_desc pd(desc, Engine());
+    auto entry = std::make_shared<SoftmaxEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::softmax_forward(pd);
+    return entry;
+  });
+  const auto& md = entry->pd.src_desc();
+  entry->primitive.execute(Stream(), {{DNNL_ARG_SRC, memory(md, Engine(), FloatData(src))},
+                                      {DNNL_ARG_DST, memory(md, Engine(), FloatData(dst))}});
+  Stream().wait();
+}
+
+void SoftmaxExport(DLTensor* src, int64_t axis, DLTensor* dst) {
+  try {
+    Softmax(src, axis, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl softmax: " << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer normalization
+
+struct LayerNormEntry {
+  dnnl::layer_normalization_forward::primitive_desc pd;
+  dnnl::layer_normalization_forward primitive;
+};
+
+// layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C]): each row of C normalized to
+// mean 0 and variance 1 (epsilon added to the variance), then scaled by gamma and shifted by beta.
+void LayerNorm(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon, DLTensor* dst) {
+  CheckFloat32(src, "edgec dnnl", "layer_norm input");
+  CheckFloat32(gamma, "edgec dnnl", "layer_norm gamma");
+  CheckFloat32(beta, "edgec dnnl", "layer_norm beta");
+  CheckFloat32(dst, "edgec dnnl", "layer_norm output");
+  const int rank = src->ndim;
+  bool same = dst->ndim == rank && rank >= 1;
+  for (int i = 0; same && i < rank; ++i) same = src->shape[i] == dst->shape[i];
+  const int64_t channels = same ? src->shape[rank - 1] : -1;
+  if (!same || gamma->ndim != 1 || beta->ndim != 1 || gamma->shape[0] != channels ||
+      beta->shape[0] != channels) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: layer_norm needs x and out [..., C], gamma and "
+                                 "beta [C]";
+  }
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < rank; ++i) rows *= src->shape[i];
+  if (rows == 0 || channels == 0) return;
+  ThreadsScope threads(rows * channels < kSerialElements);
+  static PrimitiveCache<LayerNormEntry> cache;
+  const float eps = static_cast<float>(epsilon);
+  int64_t eps_bits = 0;
+  std::memcpy(&eps_bits, &eps, sizeof(eps));
+  auto entry = cache.Get({rows, channels, eps_bits, threads.serial()}, [&]() {
+    dnnl::layer_normalization_forward::desc desc(
+        dnnl::prop_kind::forward_inference, memory::desc({rows, channels}, dt::f32, tag::ab), eps,
+        dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+    dnnl::layer_normalization_forward::primitive_desc pd(desc, Engine());
+    auto entry = std::make_shared<LayerNormEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::layer_normalization_forward(pd);
+    return entry;
+  });
+  const auto& md = entry->pd.src_desc();
+  const memory::desc vector({channels}, dt::f32, tag::a);
+  entry->primitive.execute(Stream(), {{DNNL_ARG_SRC, memory(md, Engine(), FloatData(src))},
+                                      {DNNL_ARG_SCALE, memory(vector, Engine(), FloatData(gamma))},
+                                      {DNNL_ARG_SHIFT, memory(vector, Engine(), FloatData(beta))},
+                                      {DNNL_ARG_DST, memory(md, Engine(), FloatData(dst))}});
+  Stream().wait();
+}
+
+void LayerNormExport(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon,
+                     DLTensor* dst) {
+  try {
+    LayerNorm(src, gamma, beta, epsilon, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl layer_norm: " << e.what();
+  }
+}
+
 }  // namespace
 
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d)
@@ -444,4 +562,10 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_dense, DenseExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_batch_matmul)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_batch_matmul, BatchMatmulExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_softmax)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_softmax, SoftmaxExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_layer_norm)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_layer_norm, LayerNormExport);
 #endif

@@ -81,5 +81,6 @@ def dnnl_rules(target: Target) -> DispatchRules:
     """
     mattr = [str(a) for a in target.tvm.get("mattr", [])]
     if target.arch != "x86_64":
-        return DispatchRules(block=0, batch_matmul=True)
-    return DispatchRules(block=16 if "+avx512f" in mattr else 8, batch_matmul=True)
+        return DispatchRules(block=0, batch_matmul=True, softmax=True, layer_norm=True)
+    return DispatchRules(block=16 if "+avx512f" in mattr else 8, batch_matmul=True, softmax=True,
+                         layer_norm=True)

@@ -239,3 +239,80 @@ def test_offload_sends_an_activation_matmul_with_equal_batch_dims_to_the_library
     tvm.ir.assert_structural_equal(Offload(DispatchRules())(_Attention), _Attention)
     with pytest.raises(ValueError, match="only the oneDNN shim"):
         DispatchRules(library="xnn", batch_matmul=True)
+
+
+@I.ir_module
+class _Softmaxes:
+    @R.function
+    def main(scores: R.Tensor(("batch", 4, "seq", "seq"), "float32"),
+             rows: R.Tensor((8, 400, 3), "float32"), tiny: R.Tensor((2, 16), "float32")):
+        batch, seq = T.int64(), T.int64()
+        with R.dataflow():
+            last = R.nn.softmax(scores, axis=-1)  # symbolic: the library
+            middle = R.nn.softmax(rows, axis=1)  # 9600, along a middle axis: the library
+            small = R.nn.softmax(tiny, axis=-1)  # 32 static elements: TVM's
+            R.output(last, middle, small)
+        return last, middle, small
+
+
+def test_offload_sends_softmax_to_the_library_unless_static_and_tiny():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(scores: R.Tensor(("batch", 4, "seq", "seq"), "float32"),
+                 rows: R.Tensor((8, 400, 3), "float32"), tiny: R.Tensor((2, 16), "float32")):
+            batch, seq = T.int64(), T.int64()
+            with R.dataflow():
+                last = R.call_dps_packed("edgec_dnnl_softmax", (scores, R.prim_value(3)),
+                                         out_ty=R.Tensor((batch, 4, seq, seq), "float32"))
+                middle = R.call_dps_packed("edgec_dnnl_softmax", (rows, R.prim_value(1)),
+                                           out_ty=R.Tensor((8, 400, 3), "float32"))
+                small = R.nn.softmax(tiny, axis=-1)
+                R.output(last, middle, small)
+            return last, middle, small
+
+    stats = DispatchStats()
+    tvm.ir.assert_structural_equal(Offload(DispatchRules(softmax=True), stats)(_Softmaxes),
+                                   Expected)
+    assert stats.calls == {"edgec_dnnl_softmax": 2}
+    tvm.ir.assert_structural_equal(Offload(DispatchRules())(_Softmaxes), _Softmaxes)
+    with pytest.raises(ValueError, match="only the oneDNN shim"):
+        DispatchRules(library="xnn", softmax=True)
+
+
+@I.ir_module
+class _LayerNorms:
+    @R.function
+    def main(x: R.Tensor(("batch", "seq", 64), "float32"), gamma: R.Tensor((64,), "float32"),
+             beta: R.Tensor((64,), "float32"), image: R.Tensor((2, 64, 8, 8), "float32")):
+        batch, seq = T.int64(), T.int64()
+        with R.dataflow():
+            last = R.nn.layer_norm(x, gamma, beta, axes=[-1], epsilon=1e-6)  # the library
+            # over the channel axis of an image: not the last axis, stays TVM's
+            channels = R.nn.layer_norm(image, gamma, beta, axes=[1])
+            R.output(last, channels)
+        return last, channels
+
+
+def test_offload_sends_a_last_axis_layer_norm_to_the_library():
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor(("batch", "seq", 64), "float32"), gamma: R.Tensor((64,), "float32"),
+                 beta: R.Tensor((64,), "float32"), image: R.Tensor((2, 64, 8, 8), "float32")):
+            batch, seq = T.int64(), T.int64()
+            with R.dataflow():
+                last = R.call_dps_packed(
+                    "edgec_dnnl_layer_norm", (x, gamma, beta, R.prim_value(T.float64(1e-6))),
+                    out_ty=R.Tensor((batch, seq, 64), "float32"))
+                channels = R.nn.layer_norm(image, gamma, beta, axes=[1])
+                R.output(last, channels)
+            return last, channels
+
+    stats = DispatchStats()
+    tvm.ir.assert_structural_equal(Offload(DispatchRules(layer_norm=True), stats)(_LayerNorms),
+                                   Expected)
+    assert stats.calls == {"edgec_dnnl_layer_norm": 1}
+    tvm.ir.assert_structural_equal(Offload(DispatchRules())(_LayerNorms), _LayerNorms)
+    with pytest.raises(ValueError, match="only the oneDNN shim"):
+        DispatchRules(library="xnn", layer_norm=True)

@@ -353,10 +353,11 @@ def test_compile_without_xnnpack_is_a_one_line_cli_error(mlp_dir, tmp_path, capf
 def test_erf_and_softmax_become_vectorizable_kernels_before_legalization():
     # GELU's erf and softmax's exp lower to one libm call per element otherwise (the hottest
     # functions of the zoo's transformer); prepare() legalizes, so the swap must come first.
+    # Static and small, the softmax stays TVM's (larger ones go to oneDNN on x86).
     graph = helper.make_graph(
         [helper.make_node("Erf", ["x"], ["e"]), helper.make_node("Softmax", ["e"], ["y"], axis=-1)],
-        "gelu_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])])
+        "gelu_softmax", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     mod = import_model(from_proto(model, "gelu_softmax"))
@@ -508,7 +509,8 @@ def test_compiled_1d_convolutions_match_onnxruntime(monkeypatch, tmp_path):
 @needs_dnnl
 def test_attention_matmuls_run_as_library_batched_matmuls_and_match_onnxruntime(tmp_path):
     """softmax(q kᵀ) v over symbolic batch and seq: both activation matmuls are oneDNN batched
-    matmuls (edgec_dnnl_batch_matmul), at the profiled shapes and at one never seen."""
+    matmuls (edgec_dnnl_batch_matmul) and the softmax oneDNN's (edgec_dnnl_softmax), at the
+    profiled shapes and at one never seen."""
     import edgec
 
     nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
@@ -530,12 +532,74 @@ def test_attention_matmuls_run_as_library_batched_matmuls_and_match_onnxruntime(
     target = load_target("x86_64")
     compiled = edgec.compile(from_proto(proto, "attention"), samples, [target])
     library = compiled.artifact.manifest["libraries"]["x86_64"]
-    assert library["linked_functions"] == ["edgec_dnnl_batch_matmul"]
+    assert library["linked_functions"] == ["edgec_dnnl_batch_matmul", "edgec_dnnl_softmax"]
     loaded = edgec.runtime.load(compiled.artifact.save(tmp_path / "attention.edgec"))
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     for s in samples + [sample("unseen", 3, 21)]:
         np.testing.assert_allclose(loaded.run(s.arrays)["y"], session.run(None, s.arrays)[0],
                                    rtol=1e-5, atol=1e-5, err_msg=s.name)
+
+
+@needs_dnnl
+def test_library_softmax_along_a_middle_axis_matches_onnxruntime(tmp_path):
+    """oneDNN's softmax over [outer, axis, inner] views: axis 1 of a symbolic [batch, 5, 2000]
+    (opset 13), and opset 11's Softmax, which normalizes everything after its axis; at the
+    profiled shapes (static, over norm_min_elements) and at one never seen."""
+    import edgec
+
+    for opset, axis in ((13, 1), (11, 1)):
+        graph = helper.make_graph(
+            [helper.make_node("Softmax", ["x"], ["y"], axis=axis)], "softmax",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 5, 2000])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5, 2000])])
+        proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        proto.ir_version = 8
+        rng = np.random.default_rng(opset)
+        samples = [Sample(f"s{i}", {"x": 4 * rng.standard_normal((b, 5, 2000)).astype(np.float32)})
+                   for i, b in enumerate((1, 1, 2))]
+        compiled = edgec.compile(from_proto(proto, "softmax"), samples, [load_target("x86_64")])
+        library = compiled.artifact.manifest["libraries"]["x86_64"]
+        assert library["linked_functions"] == ["edgec_dnnl_softmax"], opset
+        loaded = edgec.runtime.load(compiled.artifact.save(tmp_path / f"softmax{opset}.edgec"))
+        session = ort.InferenceSession(proto.SerializeToString(),
+                                       providers=["CPUExecutionProvider"])
+        unseen = Sample("unseen", {"x": 4 * rng.standard_normal((3, 5, 2000)).astype(np.float32)})
+        for s in samples + [unseen]:
+            np.testing.assert_allclose(loaded.run(s.arrays)["y"], session.run(None, s.arrays)[0],
+                                       rtol=1e-5, atol=1e-6, err_msg=f"opset {opset} {s.name}")
+
+
+@needs_dnnl
+def test_library_layer_norm_matches_onnxruntime(tmp_path):
+    """ONNX LayerNormalization over the last axis of a symbolic [batch, seq, 96], as oneDNN's
+    layer normalization (edgec_dnnl_layer_norm), at the profiled shapes and one never seen."""
+    import edgec
+
+    rng = np.random.default_rng(5)
+    scale = numpy_helper.from_array(rng.uniform(0.5, 2, 96).astype(np.float32), "scale")
+    bias = numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "scale", "bias"], ["y"], axis=-1,
+                          epsilon=1e-3)], "layer_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 96])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 96])],
+        initializer=[scale, bias])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+
+    def sample(name, batch, seq):  # an offset and a spread per row: the statistics matter
+        x = rng.standard_normal((batch, seq, 96)) * rng.uniform(0.1, 5, (batch, seq, 1))
+        return Sample(name, {"x": (x + rng.uniform(-3, 3, (batch, seq, 1))).astype(np.float32)})
+
+    samples = [sample(f"s{i}", b, n) for i, (b, n) in enumerate([(1, 100), (1, 100), (2, 90)])]
+    compiled = edgec.compile(from_proto(proto, "layer_norm"), samples, [load_target("x86_64")])
+    library = compiled.artifact.manifest["libraries"]["x86_64"]
+    assert library["linked_functions"] == ["edgec_dnnl_layer_norm"]
+    loaded = edgec.runtime.load(compiled.artifact.save(tmp_path / "layer_norm.edgec"))
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for s in samples + [sample("unseen", 3, 33)]:
+        np.testing.assert_allclose(loaded.run(s.arrays)["y"], session.run(None, s.arrays)[0],
+                                   rtol=1e-4, atol=1e-4, err_msg=s.name)
 
 
 _BUSY_CALLS = """

@@ -17,6 +17,9 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
         [N, C/k, H, W, k] (k = 8, 16, or C for NHWC); w OIHW, b [O]
     edgec_dnnl_dense(x[..., K], w[K, N], b[N], flags, wid, out[..., N])
         out = act(x @ w + b)
+    edgec_dnnl_batch_matmul(a[*batch, M, K], b[*batch, K, N], out[*batch, M, N])
+    edgec_dnnl_softmax(x, axis, out)
+    edgec_dnnl_layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C])
 
 ``flags``: FLAG_RELU applies relu last, ``activation_flags`` another activation of
 ``ACTIVATIONS`` (oneDNN only: clip(0, hi), sigmoid, tanh, swish, hard swish, GELU); FLAG_BF16
@@ -36,10 +39,11 @@ included) and leaving its input module unchanged:
 2. :func:`Offload` (``match.py``), library calls: a conv2d with a constant weight takes the
    per-channel affine ops after it (folded into weight and bias), then a residual add and an
    activation (``activation.py``: the exporter's chain of scalar ops, compared numerically with
-   each activation's definition); a matmul with a constant weight takes its bias and activation.
-   Every conv and dense matmul goes to oneDNN: TVM's untuned kernels lose by 60x and more, even
-   on a 64x64 matmul (measured). Matmuls of two computed tensors (attention) stay with TVM, where
-   they cost little at the sizes seen.
+   each activation's definition); a matmul with a constant weight takes its bias and activation;
+   attention's matmuls of two activations (``DispatchRules.batch_matmul``), softmax and
+   last-axis layer norm go alone (oneDNN only; tiny static ones stay TVM's). Every conv and dense
+   matmul goes to the library: TVM's untuned kernels lose by 60x and more, even on a 64x64 matmul
+   (measured).
 3. :func:`PropagateLayout` (``layout.py``), library layout (``DispatchRules.block``): activations
    stay in the library's layout between its calls (oneDNN: blocked NCHW{b}c; XNNPACK: NHWC), and
    the TVM ops between them run in that layout too, squeeze-excite gates ([N, C, 1, 1]) included

@@ -27,6 +27,8 @@ _STACK = tvm.ir.Op.get("relax.stack")
 _SUM = tvm.ir.Op.get("relax.sum")
 _BROADCAST_TO = tvm.ir.Op.get("relax.broadcast_to")
 _DROPOUT = tvm.ir.Op.get("relax.nn.dropout")
+_SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
+_LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,18 +1,20 @@
 """Library patterns: convolutions and matmuls with constant weights, with the per-channel affine
-ops, residual add and activation after them, rewritten into ``call_dps_packed`` calls of the shim that
-``DispatchRules.library`` names."""
+ops, residual add and activation after them; attention's batched matmuls, softmax and layer norm;
+rewritten into ``call_dps_packed`` calls of the shim that ``DispatchRules.library`` names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from edgec.compiler.ir import static_shape
 from edgec.compiler.transform.library_offload.analysis import (
     _ADD, _Analysis, _Binding, _CONV1D, _CONV2D, _DIVIDE, _equal_dims, _float32, _Group, _is_call,
-    _MATMUL, _MULTIPLY, _per_channel, _same_shape, _SUBTRACT, constant_value, weight_id)
+    _LAYER_NORM, _MATMUL, _MULTIPLY, _per_channel, _same_shape, _SOFTMAX, _SUBTRACT,
+    constant_value, weight_id)
 from edgec.compiler.transform.library_offload.activation import find_activation
 from edgec.compiler.transform.library_offload.rules import (DispatchRules, DispatchStats,
                                                              activation_flags)
@@ -206,6 +208,60 @@ def _batch_matmul_group(binding: _Binding, rules: DispatchRules,
     return _Group(tail=binding.var, drop={binding.var}, build=build)
 
 
+def _tiny(data: relax.Expr, rules: DispatchRules) -> bool:
+    """Whether ``data`` is static and under ``rules.norm_min_elements``: a library call costs
+    about a microsecond, more than TVM's kernel takes on so little."""
+    shape = static_shape(data)
+    return shape is not None and int(np.prod(shape)) < rules.norm_min_elements
+
+
+def _softmax_group(binding: _Binding, rules: DispatchRules,
+                   stats: DispatchStats) -> _Group | None:
+    """A float32 softmax along any axis of a tensor of any shape, as one oneDNN softmax."""
+    call = binding.value
+    (data,) = call.args
+    if not _float32(data) or data.ty.ndim < 1 or _tiny(data, rules):
+        return None
+    name = rules.symbol("softmax")
+    stats.add(name)
+    axis = int(call.attrs.axis) % data.ty.ndim
+    out_ty = binding.var.ty
+
+    def build(visit, emit):
+        return relax.call_dps_packed(name, [visit(data), relax.prim_value(axis)], out_ty)
+
+    return _Group(tail=binding.var, drop={binding.var}, build=build)
+
+
+def _layer_norm_group(binding: _Binding, rules: DispatchRules,
+                      stats: DispatchStats) -> _Group | None:
+    """A float32 layer norm over the last axis, scaled and shifted by [C] vectors, as one oneDNN
+    layer normalization."""
+    call = binding.value
+    data, gamma, beta = call.args
+    attrs = call.attrs
+    if not (_float32(data) and _float32(gamma) and _float32(beta)) or data.ty.ndim < 1:
+        return None
+    rank = data.ty.ndim
+    if ([int(a) % rank for a in attrs.axes] != [rank - 1] or not attrs.center or not attrs.scale
+            or gamma.ty.ndim != 1 or beta.ty.ndim != 1 or _tiny(data, rules)):
+        return None
+    dims = [getattr(x.ty.shape, "values", None) for x in (data, gamma, beta)]
+    if None in dims or not _equal_dims([dims[1][0], dims[2][0]], [dims[0][-1]] * 2):
+        return None
+    name = rules.symbol("layer_norm")
+    stats.add(name)
+    epsilon = float(attrs.epsilon)
+    out_ty = binding.var.ty
+
+    def build(visit, emit):
+        args = [visit(data), visit(gamma), visit(beta), relax.prim_value(tvm.tirx.FloatImm(
+            "float64", epsilon))]
+        return relax.call_dps_packed(name, args, out_ty)
+
+    return _Group(tail=binding.var, drop={binding.var}, build=build)
+
+
 def _library_groups(analysis: _Analysis, rules: DispatchRules,
                     stats: DispatchStats) -> list[_Group]:
     groups: list[_Group] = []
@@ -220,6 +276,10 @@ def _library_groups(analysis: _Analysis, rules: DispatchRules,
             group = _dense_group(analysis, binding, rules, taken, stats)
             if group is None and rules.batch_matmul:
                 group = _batch_matmul_group(binding, rules, stats)
+        elif rules.softmax and _is_call(binding.value, _SOFTMAX):
+            group = _softmax_group(binding, rules, stats)
+        elif rules.layer_norm and _is_call(binding.value, _LAYER_NORM):
+            group = _layer_norm_group(binding, rules, stats)
         if group is not None:
             groups.append(group)
             taken |= group.drop

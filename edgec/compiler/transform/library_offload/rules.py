@@ -56,6 +56,12 @@ class DispatchRules:
     dims (attention's scores and weighted values) goes to oneDNN's batched matmul; TVM's kernel
     for it ran ViT at 3.2x and the Whisper encoder at 10.6x onnxruntime's time. oneDNN only: the
     XNNPACK shim has no such function.
+    ``softmax``, ``layer_norm``: a float32 softmax (any axis), a layer norm over the last axis,
+    goes to oneDNN's kernel (vectorized, on oneDNN's threads), unless its shape is static and
+    under ``norm_min_elements``. TVM's kernels run serial and scalar between library calls: its
+    softmax took a third of the Whisper encoder's time. But a oneDNN call costs about 2 us more:
+    TVM's softmax was faster up to about 6400 elements, its layer norm past 2560 (measured, 2
+    cores). oneDNN only.
     ``activations``: the activations (``relu`` and ``ACTIVATIONS``) a call fuses after its bias
     and residual add; the others stay TVM ops. XNNPACK's shim fuses relu only (its operators
     clamp; the other activations are separate operators there).
@@ -73,6 +79,9 @@ class DispatchRules:
     dense_min_macs: int = 4096
     block: int = 16
     batch_matmul: bool = False
+    softmax: bool = False
+    layer_norm: bool = False
+    norm_min_elements: int = 8192
     activations: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
@@ -82,15 +91,16 @@ class DispatchRules:
         if self.library not in LIBRARIES:
             raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
                              f"{', '.join(LIBRARIES)}")
-        if self.batch_matmul and self.library != "dnnl":
-            raise ValueError("DispatchRules.batch_matmul: only the oneDNN shim has it")
+        for route in ("batch_matmul", "softmax", "layer_norm"):
+            if getattr(self, route) and self.library != "dnnl":
+                raise ValueError(f"DispatchRules.{route}: only the oneDNN shim has it")
         unknown = set(self.activations) - {"relu", *ACTIVATIONS}
         if unknown:
             raise ValueError(f"DispatchRules.activations: unknown {', '.join(sorted(unknown))}")
 
     def symbol(self, function: str) -> str:
         """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``,
-        ``batch_matmul``)."""
+        ``batch_matmul``, ``softmax``, ``layer_norm``)."""
         return f"edgec_{self.library}_{function}"
 
     @property
