@@ -21,6 +21,7 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -549,6 +550,65 @@ void LayerNormExport(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsi
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pooling
+
+struct PoolEntry {
+  dnnl::pooling_forward::primitive_desc pd;
+  dnnl::pooling_forward primitive;
+};
+
+// pool2d(x, kind, kh, kw, sh, sw, pt, pl, out): max (kind 0) or average including (1) or
+// excluding (2) the padding, over kh x kw windows; x and out NCHW or blocked alike. The end
+// padding follows from the output's size (ceil mode makes it larger), at least 0: no window
+// reaches past it, so a larger one the model declared changes nothing.
+void Pool2d(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+            int64_t pt, int64_t pl, DLTensor* dst) {
+  CheckFloat32(src, "edgec dnnl", "pool2d input");
+  CheckFloat32(dst, "edgec dnnl", "pool2d output");
+  const memory::desc src_md = ActivationDesc(src, "pool2d input");
+  const memory::desc dst_md = ActivationDesc(dst, "pool2d output");
+  const memory::dims in = src_md.dims(), out = dst_md.dims();
+  const int64_t block = src->ndim == 5 ? src->shape[4] : 0;
+  if (in[0] != out[0] || in[1] != out[1] || dst->ndim != src->ndim ||
+      (block && dst->shape[4] != block) || kind < 0 || kind > 2) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: pool2d needs input and output of one layout, "
+                                 "batch and channel count";
+  }
+  if (out[0] * out[1] * out[2] * out[3] == 0) return;
+  const int64_t pb = std::max<int64_t>(0, (out[2] - 1) * sh + kh - in[2] - pt);
+  const int64_t pr = std::max<int64_t>(0, (out[3] - 1) * sw + kw - in[3] - pl);
+  ThreadsScope threads(out[0] * out[1] * out[2] * out[3] * kh * kw < kSerialElements);
+  static PrimitiveCache<PoolEntry> cache;
+  auto entry = cache.Get({in[0], in[1], in[2], in[3], out[2], out[3], src->ndim, block, kind, kh,
+                          kw, sh, sw, pt, pl, threads.serial()},
+                         [&]() {
+    const dnnl::algorithm algorithm[] = {dnnl::algorithm::pooling_max,
+                                         dnnl::algorithm::pooling_avg_include_padding,
+                                         dnnl::algorithm::pooling_avg_exclude_padding};
+    dnnl::pooling_forward::desc desc(dnnl::prop_kind::forward_inference, algorithm[kind], src_md,
+                                     dst_md, {sh, sw}, {kh, kw}, {pt, pl}, {pb, pr});
+    dnnl::pooling_forward::primitive_desc pd(desc, Engine());
+    auto entry = std::make_shared<PoolEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::pooling_forward(pd);
+    return entry;
+  });
+  entry->primitive.execute(Stream(),
+                           {{DNNL_ARG_SRC, memory(src_md, Engine(), FloatData(src))},
+                            {DNNL_ARG_DST, memory(dst_md, Engine(), FloatData(dst))}});
+  Stream().wait();
+}
+
+void Pool2dExport(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                  int64_t pt, int64_t pl, DLTensor* dst) {
+  try {
+    Pool2d(src, kind, kh, kw, sh, sw, pt, pl, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl pool2d: " << e.what();
+  }
+}
+
 }  // namespace
 
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d)
@@ -568,4 +628,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_softmax, SoftmaxExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_layer_norm)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_layer_norm, LayerNormExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_pool2d)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_pool2d, Pool2dExport);
 #endif

@@ -105,6 +105,40 @@ def cnn_model(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
+def pools_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 3, 15, 15] -> pools between convs, each a case of oneDNN's pooling route or not.
+
+    Library pooling: max 3x3/2 with padding in ceil mode; average 3x3/1 counting the padding;
+    average 2x2/2 in floor mode (an odd size: a row left over). TVM's: a dilated max pool and an
+    average in ceil mode.
+    """
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weight(rng, 16, 3, 3, 3), "w2": _weight(rng, 16, 16, 1, 1),
+             "w3": _weight(rng, 32, 16, 3, 3), "w4": _weight(rng, 16, 32, 1, 1)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("MaxPool", ["c1"], ["p1"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], ceil_mode=1),
+        helper.make_node("Conv", ["p1", "w2"], ["c2"]),
+        helper.make_node("AveragePool", ["c2"], ["p2"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                         count_include_pad=1),
+        helper.make_node("Conv", ["p2", "w3"], ["c3"], pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["c3"], ["p3"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("MaxPool", ["p3"], ["p4"], kernel_shape=[2, 2], dilations=[2, 2]),
+        helper.make_node("Conv", ["p4", "w4"], ["c4"]),
+        helper.make_node("AveragePool", ["c4"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                         pads=[0, 0, 1, 1], ceil_mode=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "pools", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 15, 15])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, "oh", "ow"])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model
+
+
 def matmul_model(seed: int = 0) -> onnx.ModelProto:
     """x[batch, seq, 32] -> MatMul+bias -> Relu -> MatMul -> y[batch, seq, 16]."""
     rng = np.random.default_rng(seed)
@@ -399,6 +433,37 @@ def _reference(proto, inputs):
     session = ort.InferenceSession(proto.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return session.run(None, inputs)[0]
+
+
+def test_blocked_pools_go_to_the_library_unless_dilated_or_averaged_in_ceil_mode():
+    mod = import_model(from_proto(pools_model(), "pools"))
+    out, _ = dispatch_with_stats(mod, DispatchRules(block=16, pool2d=True))
+    assert _calls(out).count("edgec_dnnl_pool2d") == 3
+    ops = _ops(out)
+    assert ops.count("R.nn.max_pool2d") == 1 and ops.count("R.nn.avg_pool2d") == 1
+    # Without the route every pool is TVM's, blocked.
+    out, _ = dispatch_with_stats(mod, DispatchRules(block=16))
+    assert "edgec_dnnl_pool2d" not in _calls(out)
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [8, 16])
+def test_compiled_library_pools_match_onnxruntime(block, monkeypatch, tmp_path):
+    proto = pools_model()
+    monkeypatch.setattr(llvm, "dnnl_rules",
+                        lambda t: DispatchRules(block=block, pool2d=True))
+    rng = np.random.default_rng(2)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 3, 15, 15)).astype(np.float32)})
+               for i in range(3)]
+    target = load_target("x86_64")
+    model = from_proto(proto, "pools")
+    artifact = build(model, plan(model, profile(model, samples), target), [target])
+    assert "edgec_dnnl_pool2d" in artifact.manifest["libraries"]["x86_64"]["linked_functions"]
+    loaded = edgec.runtime.load(artifact.save(tmp_path / "pools.edgec"))
+    for batch in (1, 2):  # the specialization, then the symbolic fallback
+        x = rng.standard_normal((batch, 3, 15, 15)).astype(np.float32)
+        np.testing.assert_allclose(loaded.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-5, atol=1e-5, err_msg=f"batch {batch}")
 
 
 @needs_dnnl

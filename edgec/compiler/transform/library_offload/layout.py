@@ -161,17 +161,32 @@ def _channel_shuffles(analysis: _Analysis) -> dict[relax.Var, tuple]:
     return found
 
 
-def _block_layout(func: relax.Function, preferred: int | None,
-                  mod: tvm.IRModule) -> relax.Function:
+def _library_pool(x: relax.Expr, attrs, is_max: bool, symbol: str,
+                  out_ty: relax.TensorType) -> relax.Expr | None:
+    """A 2-D pooling of blocked ``x`` as a call of the library's ``symbol`` (``pool2d``), else
+    None: dilated windows, and averages in ceil mode (whose border windows frameworks divide
+    each their own way), stay TVM's."""
+    if any(int(d) != 1 for d in attrs.dilation) or (not is_max and attrs.ceil_mode):
+        return None
+    kind = 0 if is_max else (1 if attrs.count_include_pad else 2)
+    (kh, kw), (sh, sw) = ([int(v) for v in a] for a in (attrs.pool_size, attrs.strides))
+    pt, pl = int(attrs.padding[0]), int(attrs.padding[1])
+    ints = [kind, kh, kw, sh, sw, pt, pl]
+    return relax.call_dps_packed(symbol, [x, *(relax.prim_value(v) for v in ints)], out_ty)
+
+
+def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule,
+                  pool_symbol: str | None = None) -> relax.Function:
     """Rewrite ``func`` so tensors flow between library convolutions in a blocked layout.
 
     A library convolution writes NCHW{b}c, with b ``preferred`` where it divides the output
     channels, else all channels (NHWC as [N, 1, H, W, C]; ``preferred`` None: always NHWC,
     XNNPACK's layout). Ops that can run on blocked tensors of one block
     (elementwise with per-channel or scalar constants, 2-D pooling, channel concat, spatial mean)
-    then run blocked in TVM. Any other use of a blocked tensor gets a ``layout_transform`` back
-    to NCHW before its first such use, or right after its binding when it is used outside its
-    block, so the NCHW variable keeps its name and scope.
+    then run blocked in TVM, pooling as a library call of ``pool_symbol`` if given. Any other use
+    of a blocked tensor gets a ``layout_transform`` back to NCHW before its first such use, or
+    right after its binding when it is used outside its block, so the NCHW variable keeps its
+    name and scope.
     """
     analysis = _Analysis(func)
     shuffles = _channel_shuffles(analysis)
@@ -293,7 +308,13 @@ def _block_layout(func: relax.Function, preferred: int | None,
                 attrs = value.attrs
                 if attrs.layout != "NCHW" or attrs.out_layout != "NCHW":
                     return None
-                make = relax.op.nn.max_pool2d if op.same_as(_POOLS[0]) else relax.op.nn.avg_pool2d
+                is_max = op.same_as(_POOLS[0])
+                if pool_symbol is not None:
+                    call = _library_pool(first, attrs, is_max, pool_symbol,
+                                         _blocked_type(var.ty, block))
+                    if call is not None:
+                        return call, block
+                make = relax.op.nn.max_pool2d if is_max else relax.op.nn.avg_pool2d
                 return make(first, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation,
                             attrs.ceil_mode, attrs.count_include_pad, f"NCHW{block}c",
                             f"NCHW{block}c"), block

@@ -62,6 +62,9 @@ class DispatchRules:
     softmax took a third of the Whisper encoder's time. But a oneDNN call costs about 2 us more:
     TVM's softmax was faster up to about 6400 elements, its layer norm past 2560 (measured, 2
     cores). oneDNN only.
+    ``pool2d``: 2-D max and average pooling of a blocked tensor (``block``) runs as oneDNN's
+    pooling (on its threads) rather than TVM's kernel (serial between library calls). oneDNN
+    only.
     ``activations``: the activations (``relu`` and ``ACTIVATIONS``) a call fuses after its bias
     and residual add; the others stay TVM ops. XNNPACK's shim fuses relu only (its operators
     clamp; the other activations are separate operators there).
@@ -81,6 +84,7 @@ class DispatchRules:
     batch_matmul: bool = False
     softmax: bool = False
     layer_norm: bool = False
+    pool2d: bool = False
     norm_min_elements: int = 8192
     activations: frozenset[str] | None = None
 
@@ -91,7 +95,7 @@ class DispatchRules:
         if self.library not in LIBRARIES:
             raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
                              f"{', '.join(LIBRARIES)}")
-        for route in ("batch_matmul", "softmax", "layer_norm"):
+        for route in ("batch_matmul", "softmax", "layer_norm", "pool2d"):
             if getattr(self, route) and self.library != "dnnl":
                 raise ValueError(f"DispatchRules.{route}: only the oneDNN shim has it")
         unknown = set(self.activations) - {"relu", *ACTIVATIONS}
@@ -100,7 +104,7 @@ class DispatchRules:
 
     def symbol(self, function: str) -> str:
         """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``,
-        ``batch_matmul``, ``softmax``, ``layer_norm``)."""
+        ``batch_matmul``, ``softmax``, ``layer_norm``, ``pool2d``)."""
         return f"edgec_{self.library}_{function}"
 
     @property
