@@ -609,6 +609,60 @@ void Pool2dExport(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t s
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Resize
+
+struct ResizeEntry {
+  dnnl::resampling_forward::primitive_desc pd;
+  dnnl::resampling_forward primitive;
+};
+
+// resize2d(x, kind, out): out's spatial size from x's, nearest (kind 0: asymmetric coordinates,
+// rounded down; the caller passes whole upscaling factors only, where oneDNN's rounding agrees)
+// or bilinear (kind 1: half-pixel coordinates, borders clamped); x and out NCHW or blocked alike.
+void Resize2d(DLTensor* src, int64_t kind, DLTensor* dst) {
+  CheckFloat32(src, "edgec dnnl", "resize2d input");
+  CheckFloat32(dst, "edgec dnnl", "resize2d output");
+  const memory::desc src_md = ActivationDesc(src, "resize2d input");
+  const memory::desc dst_md = ActivationDesc(dst, "resize2d output");
+  const memory::dims in = src_md.dims(), out = dst_md.dims();
+  const int64_t block = src->ndim == 5 ? src->shape[4] : 0;
+  if (in[0] != out[0] || in[1] != out[1] || dst->ndim != src->ndim ||
+      (block && dst->shape[4] != block) || kind < 0 || kind > 1) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: resize2d needs input and output of one layout, "
+                                 "batch and channel count";
+  }
+  if (out[0] * out[1] * out[2] * out[3] == 0) return;
+  if (in[2] * in[3] == 0) TVM_FFI_THROW(ValueError) << "edgec dnnl: resize2d of an empty image";
+  ThreadsScope threads(out[0] * out[1] * out[2] * out[3] < kSerialElements);
+  static PrimitiveCache<ResizeEntry> cache;
+  auto entry = cache.Get({in[0], in[1], in[2], in[3], out[2], out[3], src->ndim, block, kind,
+                          threads.serial()},
+                         [&]() {
+    dnnl::resampling_forward::desc desc(
+        dnnl::prop_kind::forward_inference,
+        kind == 0 ? dnnl::algorithm::resampling_nearest : dnnl::algorithm::resampling_linear,
+        src_md, dst_md);
+    dnnl::resampling_forward::primitive_desc pd(desc, Engine());
+    auto entry = std::make_shared<ResizeEntry>();
+    entry->pd = pd;
+    entry->primitive = dnnl::resampling_forward(pd);
+    return entry;
+  });
+  entry->primitive.execute(Stream(),
+                           {{DNNL_ARG_SRC, memory(src_md, Engine(), FloatData(src))},
+                            {DNNL_ARG_DST, memory(dst_md, Engine(), FloatData(dst))}});
+  Stream().wait();
+}
+
+void Resize2dExport(DLTensor* src, int64_t kind, DLTensor* dst) {
+  try {
+    Resize2d(src, kind, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl resize2d: " << e.what();
+  }
+}
+
 }  // namespace
 
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_conv2d)
@@ -631,4 +685,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_layer_norm, LayerNormExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_pool2d)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_pool2d, Pool2dExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_resize2d)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_resize2d, Resize2dExport);
 #endif

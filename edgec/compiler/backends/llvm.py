@@ -83,4 +83,4 @@ def dnnl_rules(target: Target) -> DispatchRules:
     if target.arch != "x86_64":
         return DispatchRules(block=0, batch_matmul=True, softmax=True, layer_norm=True)
     return DispatchRules(block=16 if "+avx512f" in mattr else 8, batch_matmul=True, softmax=True,
-                         layer_norm=True, pool2d=True)
+                         layer_norm=True, pool2d=True, resize2d=True)

@@ -130,12 +130,50 @@ def pools_model(seed: int = 0) -> onnx.ModelProto:
                          pads=[0, 0, 1, 1], ceil_mode=1),
     ]
     graph = helper.make_graph(
-        nodes, "pools", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 15, 15])],
+        nodes, "pools",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 15, 15])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, "oh", "ow"])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9
+    return model
+
+
+def resize_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 3, 10, 10] -> resizes between convs: bilinear half-pixel to a size no whole
+    factor reaches (10 -> 17) and nearest x2 go to oneDNN; nearest x1.5 and bilinear in
+    align-corners mode stay TVM's."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weight(rng, 16, 3, 3, 3), "w2": _weight(rng, 16, 16, 1, 1),
+             "w3": _weight(rng, 16, 16, 1, 1),
+             "to17": np.array([1, 16, 17, 17], np.int64),
+             "x2": np.array([1, 1, 2, 2], np.float32),
+             "x15": np.array([1, 1, 1.5, 1.5], np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Shape", ["c1"], ["shape"], end=1),
+        helper.make_node("Concat", ["shape", "to17_tail"], ["size"], axis=0),
+        helper.make_node("Resize", ["c1", "", "", "size"], ["r1"], mode="linear",
+                         coordinate_transformation_mode="half_pixel"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"]),
+        helper.make_node("Resize", ["c2", "", "x2"], ["r2"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Conv", ["r2", "w3"], ["c3"]),
+        helper.make_node("Resize", ["c3", "", "x15"], ["r3"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("Resize", ["r3", "", "x15"], ["y"], mode="linear",
+                         coordinate_transformation_mode="align_corners"),
+    ]
+    inits["to17_tail"] = inits.pop("to17")[1:]
+    graph = helper.make_graph(
+        nodes, "resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, "oh", "ow"])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
     return model
 
 
@@ -444,6 +482,34 @@ def test_blocked_pools_go_to_the_library_unless_dilated_or_averaged_in_ceil_mode
     # Without the route every pool is TVM's, blocked.
     out, _ = dispatch_with_stats(mod, DispatchRules(block=16))
     assert "edgec_dnnl_pool2d" not in _calls(out)
+
+
+def test_blocked_resizes_go_to_the_library_in_the_modes_it_computes_alike():
+    mod = import_model(from_proto(resize_model(), "resize"))
+    out, _ = dispatch_with_stats(mod, DispatchRules(block=16, resize2d=True))
+    calls = re.findall(r'"edgec_dnnl_resize2d", \(\w+, (\d)\)', out.script(show_meta=False))
+    assert sorted(calls) == ["0", "1"]  # nearest x2, bilinear half-pixel
+    assert _ops(out).count("R.image.resize2d") == 2
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [8, 16])
+def test_compiled_library_resizes_match_onnxruntime(block, monkeypatch, tmp_path):
+    proto = resize_model()
+    monkeypatch.setattr(llvm, "dnnl_rules",
+                        lambda t: DispatchRules(block=block, resize2d=True))
+    rng = np.random.default_rng(3)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 3, 10, 10)).astype(np.float32)})
+               for i in range(3)]
+    target = load_target("x86_64")
+    model = from_proto(proto, "resize")
+    artifact = build(model, plan(model, profile(model, samples), target), [target])
+    assert "edgec_dnnl_resize2d" in artifact.manifest["libraries"]["x86_64"]["linked_functions"]
+    loaded = edgec.runtime.load(artifact.save(tmp_path / "resize.edgec"))
+    for batch in (1, 2):
+        x = rng.standard_normal((batch, 3, 10, 10)).astype(np.float32)
+        np.testing.assert_allclose(loaded.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"batch {batch}")
 
 
 @needs_dnnl

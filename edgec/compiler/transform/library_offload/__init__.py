@@ -22,6 +22,8 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
     edgec_dnnl_layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C])
     edgec_dnnl_pool2d(x, kind, kh, kw, sh, sw, pt, pl, out)
         kind 0 max, 1 average with the padding, 2 without; x, out blocked alike
+    edgec_dnnl_resize2d(x, kind, out)
+        kind 0 nearest, 1 bilinear; x, out blocked alike
 
 ``flags``: FLAG_RELU applies relu last, ``activation_flags`` another activation of
 ``ACTIVATIONS`` (oneDNN only: clip(0, hi), sigmoid, tanh, swish, hard swish, GELU); FLAG_BF16
@@ -49,7 +51,8 @@ included) and leaving its input module unchanged:
 3. :func:`PropagateLayout` (``layout.py``), library layout (``DispatchRules.block``): activations
    stay in the library's layout between its calls (oneDNN: blocked NCHW{b}c; XNNPACK: NHWC), and
    the TVM ops between them run in that layout too, squeeze-excite gates ([N, C, 1, 1]) included
-   (see :func:`layout._block_layout`); pooling there is oneDNN's (``DispatchRules.pool2d``).
+   (see :func:`layout._block_layout`); pooling and resizing there are oneDNN's
+   (``DispatchRules.pool2d``, ``resize2d``).
 
 ``analysis.py`` holds what the steps share: where each variable is bound and used, the rewriting
 of groups of bindings, and small IR helpers (:func:`constant_value`,
@@ -122,8 +125,8 @@ def PropagateLayout(rules: DispatchRules = DispatchRules()) -> tvm.transform.Pas
     def transform(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not rules.block:
             return mod
-        pool = rules.symbol("pool2d") if rules.pool2d else None
-        return _each_function(mod, lambda func: _block_layout(func, preferred, mod, pool))
+        library = {op: rules.symbol(op) for op in ("pool2d", "resize2d") if getattr(rules, op)}
+        return _each_function(mod, lambda func: _block_layout(func, preferred, mod, library))
 
     return tvm.transform.module_pass(transform, opt_level=0,
                                      name="edgec.library_offload.PropagateLayout")

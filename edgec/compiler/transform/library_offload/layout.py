@@ -23,6 +23,7 @@ _BINARY = tuple(tvm.ir.Op.get(f"relax.{name}") for name in (
 ))
 _POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d"))
 _MEAN = tvm.ir.Op.get("relax.mean")
+_RESIZE = tvm.ir.Op.get("relax.image.resize2d")
 _CONCAT = tvm.ir.Op.get("relax.concat")
 
 
@@ -175,19 +176,48 @@ def _library_pool(x: relax.Expr, attrs, is_max: bool, symbol: str,
     return relax.call_dps_packed(symbol, [x, *(relax.prim_value(v) for v in ints)], out_ty)
 
 
+def _library_resize(x: relax.Expr, value: relax.Call, var: relax.Var, symbol: str,
+                    out_ty: relax.TensorType) -> relax.Expr | None:
+    """A resize of blocked ``x`` as a call of the library's ``symbol`` (``resize2d``), else None.
+
+    oneDNN computes bilinear with half-pixel coordinates (PyTorch's and ONNX's default) and
+    nearest as round((o + 0.5) / f - 0.5), which equals the asymmetric floor(o / f) of PyTorch's
+    nearest only for whole factors f: nearest goes only with static sizes that are whole
+    multiples. Other modes stay TVM's.
+    """
+    attrs = value.attrs
+    if attrs.layout != "NCHW" or attrs.out_dtype not in (None, "", "float32"):
+        return None
+    if attrs.method == "linear" and attrs.coordinate_transformation_mode == "half_pixel":
+        return relax.call_dps_packed(symbol, [x, relax.prim_value(1)], out_ty)
+    if (attrs.method != "nearest_neighbor" or attrs.coordinate_transformation_mode != "asymmetric"
+            or attrs.rounding_method not in ("floor", "")):
+        return None
+    sizes = [getattr(v.ty.shape, "values", None) for v in (value.args[0], var)]
+    if sizes[0] is None or sizes[1] is None:
+        return None
+    dims = [(i, o) for i, o in zip(sizes[0][2:], sizes[1][2:])]
+    if not all(isinstance(i, tirx.IntImm) and isinstance(o, tirx.IntImm) and int(i) > 0
+               and int(o) % int(i) == 0 for i, o in dims):
+        return None
+    return relax.call_dps_packed(symbol, [x, relax.prim_value(0)], out_ty)
+
+
 def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule,
-                  pool_symbol: str | None = None) -> relax.Function:
+                  library: dict[str, str] | None = None) -> relax.Function:
     """Rewrite ``func`` so tensors flow between library convolutions in a blocked layout.
 
     A library convolution writes NCHW{b}c, with b ``preferred`` where it divides the output
     channels, else all channels (NHWC as [N, 1, H, W, C]; ``preferred`` None: always NHWC,
     XNNPACK's layout). Ops that can run on blocked tensors of one block
     (elementwise with per-channel or scalar constants, 2-D pooling, channel concat, spatial mean)
-    then run blocked in TVM, pooling as a library call of ``pool_symbol`` if given. Any other use
+    then run blocked in TVM; pooling and resizing (``relax.image.resize2d``) as calls of the
+    library's ``library["pool2d"]``, ``library["resize2d"]`` where given. Any other use
     of a blocked tensor gets a ``layout_transform`` back to NCHW before its first such use, or
     right after its binding when it is used outside its block, so the NCHW variable keeps its
     name and scope.
     """
+    library = library or {}
     analysis = _Analysis(func)
     shuffles = _channel_shuffles(analysis)
     shuffle_steps = {v for _, steps, _ in shuffles.values() for v in steps}
@@ -309,8 +339,8 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
                 if attrs.layout != "NCHW" or attrs.out_layout != "NCHW":
                     return None
                 is_max = op.same_as(_POOLS[0])
-                if pool_symbol is not None:
-                    call = _library_pool(first, attrs, is_max, pool_symbol,
+                if "pool2d" in library:
+                    call = _library_pool(first, attrs, is_max, library["pool2d"],
                                          _blocked_type(var.ty, block))
                     if call is not None:
                         return call, block
@@ -318,6 +348,10 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
                 return make(first, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation,
                             attrs.ceil_mode, attrs.count_include_pad, f"NCHW{block}c",
                             f"NCHW{block}c"), block
+            if op.same_as(_RESIZE) and first is not None and "resize2d" in library:
+                call = _library_resize(first, value, var, library["resize2d"],
+                                       _blocked_type(var.ty, block))
+                return None if call is None else (call, block)
             if op.same_as(_MEAN) and first is not None:
                 axes = sorted(int(a) % 4 for a in value.attrs.axis) if value.attrs.axis else []
                 if axes != [2, 3] or not value.attrs.keepdims:

@@ -62,9 +62,9 @@ class DispatchRules:
     softmax took a third of the Whisper encoder's time. But a oneDNN call costs about 2 us more:
     TVM's softmax was faster up to about 6400 elements, its layer norm past 2560 (measured, 2
     cores). oneDNN only.
-    ``pool2d``: 2-D max and average pooling of a blocked tensor (``block``) runs as oneDNN's
-    pooling (on its threads) rather than TVM's kernel (serial between library calls). oneDNN
-    only.
+    ``pool2d``, ``resize2d``: 2-D max and average pooling, and bilinear or nearest resizing, of a
+    blocked tensor (``block``) run as oneDNN's kernels (on its threads) rather than TVM's
+    (serial between library calls). oneDNN only.
     ``activations``: the activations (``relu`` and ``ACTIVATIONS``) a call fuses after its bias
     and residual add; the others stay TVM ops. XNNPACK's shim fuses relu only (its operators
     clamp; the other activations are separate operators there).
@@ -85,6 +85,7 @@ class DispatchRules:
     softmax: bool = False
     layer_norm: bool = False
     pool2d: bool = False
+    resize2d: bool = False
     norm_min_elements: int = 8192
     activations: frozenset[str] | None = None
 
@@ -95,7 +96,7 @@ class DispatchRules:
         if self.library not in LIBRARIES:
             raise ValueError(f"DispatchRules.library '{self.library}' unknown; known: "
                              f"{', '.join(LIBRARIES)}")
-        for route in ("batch_matmul", "softmax", "layer_norm", "pool2d"):
+        for route in ("batch_matmul", "softmax", "layer_norm", "pool2d", "resize2d"):
             if getattr(self, route) and self.library != "dnnl":
                 raise ValueError(f"DispatchRules.{route}: only the oneDNN shim has it")
         unknown = set(self.activations) - {"relu", *ACTIVATIONS}
@@ -104,7 +105,8 @@ class DispatchRules:
 
     def symbol(self, function: str) -> str:
         """The shim's exported name for ``function`` (``conv2d``, ``conv2d_add``, ``dense``,
-        ``batch_matmul``, ``softmax``, ``layer_norm``, ``pool2d``)."""
+        ``batch_matmul``, ``softmax``, ``layer_norm``, ``pool2d``,
+        ``resize2d``)."""
         return f"edgec_{self.library}_{function}"
 
     @property
