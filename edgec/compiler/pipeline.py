@@ -41,6 +41,7 @@ from edgec.compiler.importer.recurrent import rewrite_recurrent
 from edgec.compiler.ir import extern_symbols
 from edgec.compiler.transform import library_offload
 from edgec.compiler.transform.branch_storage import BranchStorage
+from edgec.compiler.transform.concat_tree import SplitWideConcats
 from edgec.compiler.transform.fast_math import FastMath
 from edgec.compiler.transform.fp16 import FP16
 from edgec.compiler.transform.native_kernels import NativeKernels
@@ -167,6 +168,7 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
         passes.append(Int8Lowering(quantized.proto, quantized, record.quantized_calls))
     elif quantized is not None and backend.fp16:
         passes.append(FP16(quantized.layers("fp16"), record.quantized_calls, target.name))
+    passes.append(SplitWideConcats)
     passes.append(ClipTakes)  # after every pass that adds a take (layout, int8 embeddings)
     passes.append(NativeKernels(backend.native_kernels, target.name))  # legalizes
     passes.append(UnfusedShapeReads)

@@ -38,15 +38,16 @@ def test_cpu_phases_with_the_library_route():
     assert _prepare(phases) == [
         "edgec.UniqueVars", "edgec.library_offload.Canonicalize",
         "edgec.library_offload.Offload", "edgec.library_offload.PropagateLayout",
-        "edgec.FastMath", "edgec.ClipTakes", "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
+        "edgec.FastMath", "edgec.SplitWideConcats", "edgec.ClipTakes", "edgec.NativeKernels",
+        "edgec.UnfusedShapeReads"]
 
 
 def test_a_cpu_target_without_libraries_offloads_nothing():
     target = dataclasses.replace(load_target("x86_64"), libraries={})
     prepare = _prepare(pipeline.phases(backend_for(target), target, pipeline.Options(),
                                        pipeline.Record()))
-    assert prepare == ["edgec.UniqueVars", "edgec.FastMath", "edgec.ClipTakes",
-                       "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
+    assert prepare == ["edgec.UniqueVars", "edgec.FastMath", "edgec.SplitWideConcats",
+                       "edgec.ClipTakes", "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
 
 
 def test_gpu_phases_come_from_the_backends_capabilities():
@@ -56,8 +57,8 @@ def test_gpu_phases_come_from_the_backends_capabilities():
     phases = pipeline.phases(backend, target, pipeline.Options(native_loops=False),
                              pipeline.Record())
     assert [p.name for p in phases] == ["prepare", "legalize", "lower"]
-    assert _prepare(phases) == ["edgec.UniqueVars", "edgec.ClipTakes", "edgec.NativeKernels",
-                                "edgec.UnfusedShapeReads"]
+    assert _prepare(phases) == ["edgec.UniqueVars", "edgec.SplitWideConcats", "edgec.ClipTakes",
+                                "edgec.NativeKernels", "edgec.UnfusedShapeReads"]
     fp16 = pipeline.Options(quantized=QuantizedLowering("fp16", "asymmetric", {}, None))
     assert "edgec.FP16" in _prepare(pipeline.phases(backend, target, fp16, pipeline.Record()))
     int8 = pipeline.Options(quantized=QuantizedLowering("int8-weight", "asymmetric", {}, None))
