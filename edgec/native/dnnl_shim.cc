@@ -155,6 +155,9 @@ struct ConvEntry {
   memory::desc user_src, user_dst;
   bool reorder_src = false, reorder_dst = false;
   dnnl::reorder src_in, residual_in, dst_out;
+  // The caller's data, output, bias and residual; the reordered data, output and residual.
+  enum { kSrc, kDst, kBias, kResidual, kSrcPacked, kDstPacked, kResidualPacked };
+  MemoryPool memories;
 };
 
 std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight, bool residual,
@@ -230,6 +233,8 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     entry->dst_out = Reorder(pd.dst_desc(), user_dst);
     if (residual) entry->residual_in = Reorder(user_dst, pd.dst_desc());
   }
+  entry->memories.Init({user_src, user_dst, pd.bias_desc(), user_dst, pd.src_desc(),
+                        pd.dst_desc(), pd.dst_desc()});
   return entry;
 }
 
@@ -256,33 +261,37 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* bias, DLTensor* residual,
   });
 
   const auto& pd = entry->pd;
-  dnnl::stream& stream = Stream();
-  memory src_m(entry->user_src, Engine(), FloatData(src));
-  memory dst_m(entry->user_dst, Engine(), FloatData(dst));
-  memory src_p = src_m, dst_p = dst_m;
+  MemoryPool::Lease m = entry->memories.Take();
+  dnnl_memory_t src_m = m.Over(ConvEntry::kSrc, FloatData(src));
+  dnnl_memory_t dst_m = m.Over(ConvEntry::kDst, FloatData(dst));
+  dnnl_memory_t src_p = src_m, dst_p = dst_m;
   if (entry->reorder_src) {
-    src_p = memory(pd.src_desc(), Engine(), Scratch(0, pd.src_desc().get_size()));
-    entry->src_in.execute(stream, src_m, src_p);
+    src_p = m.Over(ConvEntry::kSrcPacked, Scratch(0, pd.src_desc().get_size()));
+    Execute(entry->src_in, {{DNNL_ARG_FROM, src_m}, {DNNL_ARG_TO, src_p}});
   }
   if (entry->reorder_dst) {
-    dst_p = memory(pd.dst_desc(), Engine(), Scratch(1, pd.dst_desc().get_size()));
+    dst_p = m.Over(ConvEntry::kDstPacked, Scratch(1, pd.dst_desc().get_size()));
   }
-  std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC, src_p},
-      {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, FloatData(weight))},
-      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), FloatData(bias))},
-      {DNNL_ARG_DST, dst_p},
-  };
-  if (residual != nullptr) {
-    const bool reorder = entry->reorder_dst;
-    void* scratch = reorder ? Scratch(2, pd.dst_desc().get_size()) : nullptr;
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 ResidualInput(entry->user_dst, FloatData(residual),
-                               reorder ? &entry->residual_in : nullptr, pd.dst_desc(), scratch));
+  const memory weights = entry->weights.Get(weight_id, FloatData(weight));
+  dnnl_memory_t bias_m = m.Over(ConvEntry::kBias, FloatData(bias));
+  if (residual == nullptr) {
+    Execute(entry->primitive, {{DNNL_ARG_SRC, src_p}, {DNNL_ARG_WEIGHTS, weights.get()},
+                               {DNNL_ARG_BIAS, bias_m}, {DNNL_ARG_DST, dst_p}});
+  } else {
+    // The residual, a binary post-op's input, in the layout the primitive writes.
+    dnnl_memory_t residual_m = m.Over(ConvEntry::kResidual, FloatData(residual));
+    if (entry->reorder_dst) {
+      dnnl_memory_t reordered =
+          m.Over(ConvEntry::kResidualPacked, Scratch(2, pd.dst_desc().get_size()));
+      Execute(entry->residual_in, {{DNNL_ARG_FROM, residual_m}, {DNNL_ARG_TO, reordered}});
+      residual_m = reordered;
+    }
+    Execute(entry->primitive, {{DNNL_ARG_SRC, src_p}, {DNNL_ARG_WEIGHTS, weights.get()},
+                               {DNNL_ARG_BIAS, bias_m}, {DNNL_ARG_DST, dst_p},
+                               {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, residual_m}});
   }
-  entry->primitive.execute(stream, args);
-  if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);
-  stream.wait();
+  if (entry->reorder_dst) Execute(entry->dst_out, {{DNNL_ARG_FROM, dst_p}, {DNNL_ARG_TO, dst_m}});
+  Stream().wait();
 }
 
 // conv2d(data, weight[O, I/groups, KH, KW], bias[O], stride h, w, pad top, left, bottom, right,
@@ -324,6 +333,9 @@ struct MatmulEntry {
   dnnl::matmul primitive;
   WeightSlot weights;
   dnnl::reorder src_in;  // bf16: the f32 input into the primitive's
+  // dense: the caller's data, bias, output; bf16, the converted data. batch_matmul: a, b, output.
+  enum { kSrc, kBias, kDst, kSrcConverted };
+  MemoryPool memories;
 };
 
 // dense(data[..., K], weight[K, N], bias[N], flags, weight id, out[..., N]):
@@ -357,23 +369,24 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* bias, int64_t flags, int64
     entry->primitive = dnnl::matmul(pd);
     entry->weights.user = memory::desc({k, n}, dt::f32, tag::ab);
     entry->weights.packed = pd.weights_desc();
-    if (input != dt::f32) {
-      entry->src_in = Reorder(memory::desc({m, k}, dt::f32, tag::ab), pd.src_desc());
-    }
+    const memory::desc user_src({m, k}, dt::f32, tag::ab);
+    if (input != dt::f32) entry->src_in = Reorder(user_src, pd.src_desc());
+    entry->memories.Init({user_src, pd.bias_desc(), pd.dst_desc(), pd.src_desc()});
     return entry;
   });
   const auto& pd = entry->pd;
-  memory src_m(memory::desc({m, k}, dt::f32, tag::ab), Engine(), FloatData(src));
+  MemoryPool::Lease mem = entry->memories.Take();
+  dnnl_memory_t src_m = mem.Over(MatmulEntry::kSrc, FloatData(src));
   if (flags & kBf16) {
-    memory converted(pd.src_desc(), Engine(), Scratch(0, pd.src_desc().get_size()));
-    entry->src_in.execute(Stream(), src_m, converted);
+    dnnl_memory_t converted =
+        mem.Over(MatmulEntry::kSrcConverted, Scratch(0, pd.src_desc().get_size()));
+    Execute(entry->src_in, {{DNNL_ARG_FROM, src_m}, {DNNL_ARG_TO, converted}});
     src_m = converted;
   }
-  entry->primitive.execute(
-      Stream(), {{DNNL_ARG_SRC, src_m},
-                 {DNNL_ARG_WEIGHTS, entry->weights.Get(weight_id, FloatData(weight))},
-                 {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), FloatData(bias))},
-                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), FloatData(dst))}});
+  const memory weights = entry->weights.Get(weight_id, FloatData(weight));
+  Execute(entry->primitive, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, weights.get()},
+                             {DNNL_ARG_BIAS, mem.Over(MatmulEntry::kBias, FloatData(bias))},
+                             {DNNL_ARG_DST, mem.Over(MatmulEntry::kDst, FloatData(dst))}});
   Stream().wait();
 }
 
@@ -415,13 +428,13 @@ void BatchMatmul(DLTensor* a, DLTensor* b, DLTensor* dst) {
     auto entry = std::make_shared<MatmulEntry>();
     entry->pd = pd;
     entry->primitive = dnnl::matmul(pd);
+    entry->memories.Init({pd.src_desc(), pd.weights_desc(), pd.dst_desc()});
     return entry;
   });
-  const auto& pd = entry->pd;
-  entry->primitive.execute(
-      Stream(), {{DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), FloatData(a))},
-                 {DNNL_ARG_WEIGHTS, memory(pd.weights_desc(), Engine(), FloatData(b))},
-                 {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), FloatData(dst))}});
+  MemoryPool::Lease mem = entry->memories.Take();
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(a))},
+                             {DNNL_ARG_WEIGHTS, mem.Over(1, FloatData(b))},
+                             {DNNL_ARG_DST, mem.Over(2, FloatData(dst))}});
   Stream().wait();
 }
 
@@ -443,6 +456,7 @@ constexpr int64_t kSerialElements = int64_t(1) << 14;
 struct SoftmaxEntry {
   dnnl::softmax_forward::primitive_desc pd;
   dnnl::softmax_forward primitive;
+  MemoryPool memories;  // input, output
 };
 
 // softmax(x[...], axis, out[...]): out = exp(x - max) / sum(exp(x - max)) along `axis`, in
@@ -474,11 +488,12 @@ void Softmax(DLTensor* src, int64_t axis, DLTensor* dst) {
     auto entry = std::make_shared<SoftmaxEntry>();
     entry->pd = pd;
     entry->primitive = dnnl::softmax_forward(pd);
+    entry->memories.Init({md, md});
     return entry;
   });
-  const auto& md = entry->pd.src_desc();
-  entry->primitive.execute(Stream(), {{DNNL_ARG_SRC, memory(md, Engine(), FloatData(src))},
-                                      {DNNL_ARG_DST, memory(md, Engine(), FloatData(dst))}});
+  MemoryPool::Lease mem = entry->memories.Take();
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                             {DNNL_ARG_DST, mem.Over(1, FloatData(dst))}});
   Stream().wait();
 }
 
@@ -496,6 +511,7 @@ void SoftmaxExport(DLTensor* src, int64_t axis, DLTensor* dst) {
 struct LayerNormEntry {
   dnnl::layer_normalization_forward::primitive_desc pd;
   dnnl::layer_normalization_forward primitive;
+  MemoryPool memories;  // input, gamma, beta, output
 };
 
 // layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C]): each row of C normalized to
@@ -530,14 +546,15 @@ void LayerNorm(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon, D
     auto entry = std::make_shared<LayerNormEntry>();
     entry->pd = pd;
     entry->primitive = dnnl::layer_normalization_forward(pd);
+    const memory::desc vector({channels}, dt::f32, tag::a);
+    entry->memories.Init({pd.src_desc(), vector, vector, pd.dst_desc()});
     return entry;
   });
-  const auto& md = entry->pd.src_desc();
-  const memory::desc vector({channels}, dt::f32, tag::a);
-  entry->primitive.execute(Stream(), {{DNNL_ARG_SRC, memory(md, Engine(), FloatData(src))},
-                                      {DNNL_ARG_SCALE, memory(vector, Engine(), FloatData(gamma))},
-                                      {DNNL_ARG_SHIFT, memory(vector, Engine(), FloatData(beta))},
-                                      {DNNL_ARG_DST, memory(md, Engine(), FloatData(dst))}});
+  MemoryPool::Lease mem = entry->memories.Take();
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                             {DNNL_ARG_SCALE, mem.Over(1, FloatData(gamma))},
+                             {DNNL_ARG_SHIFT, mem.Over(2, FloatData(beta))},
+                             {DNNL_ARG_DST, mem.Over(3, FloatData(dst))}});
   Stream().wait();
 }
 
@@ -556,6 +573,7 @@ void LayerNormExport(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsi
 struct PoolEntry {
   dnnl::pooling_forward::primitive_desc pd;
   dnnl::pooling_forward primitive;
+  MemoryPool memories;  // input, output
 };
 
 // pool2d(x, kind, kh, kw, sh, sw, pt, pl, out): max (kind 0) or average including (1) or
@@ -592,11 +610,12 @@ void Pool2d(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t sh, int
     auto entry = std::make_shared<PoolEntry>();
     entry->pd = pd;
     entry->primitive = dnnl::pooling_forward(pd);
+    entry->memories.Init({src_md, dst_md});
     return entry;
   });
-  entry->primitive.execute(Stream(),
-                           {{DNNL_ARG_SRC, memory(src_md, Engine(), FloatData(src))},
-                            {DNNL_ARG_DST, memory(dst_md, Engine(), FloatData(dst))}});
+  MemoryPool::Lease mem = entry->memories.Take();
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                             {DNNL_ARG_DST, mem.Over(1, FloatData(dst))}});
   Stream().wait();
 }
 
@@ -615,6 +634,7 @@ void Pool2dExport(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t s
 struct ResizeEntry {
   dnnl::resampling_forward::primitive_desc pd;
   dnnl::resampling_forward primitive;
+  MemoryPool memories;  // input, output
 };
 
 // resize2d(x, kind, out): out's spatial size from x's, nearest (kind 0: asymmetric coordinates,
@@ -647,11 +667,12 @@ void Resize2d(DLTensor* src, int64_t kind, DLTensor* dst) {
     auto entry = std::make_shared<ResizeEntry>();
     entry->pd = pd;
     entry->primitive = dnnl::resampling_forward(pd);
+    entry->memories.Init({src_md, dst_md});
     return entry;
   });
-  entry->primitive.execute(Stream(),
-                           {{DNNL_ARG_SRC, memory(src_md, Engine(), FloatData(src))},
-                            {DNNL_ARG_DST, memory(dst_md, Engine(), FloatData(dst))}});
+  MemoryPool::Lease mem = entry->memories.Take();
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                             {DNNL_ARG_DST, mem.Over(1, FloatData(dst))}});
   Stream().wait();
 }
 

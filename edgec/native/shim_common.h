@@ -19,7 +19,6 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -130,16 +129,24 @@ bool Compact(const DLTensor* t) {
 }
 
 // A float32 tensor on the CPU, laid out compactly; else a ValueError naming the shim (`shim`,
-// e.g. "edgec dnnl") and the argument (`what`). An empty tensor holds no data: whatever strides it
-// reports (numpy's for a 0-sized batch are not the compact ones) are never used.
-void CheckFloat32(const DLTensor* t, const char* shim, const char* what) {
+// e.g. "edgec dnnl") and the argument (`what`, then `role` if given: "conv2d" "data"). An empty
+// tensor holds no data: whatever strides it reports (numpy's for a 0-sized batch are not the
+// compact ones) are never used. The message is built only on failure: a small model's library
+// calls take a few microseconds each.
+void CheckFloat32(const DLTensor* t, const char* shim, const char* what,
+                  const char* role = nullptr) {
+  const char* problem = nullptr;
   if (t->device.device_type != kDLCPU) {
-    TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not on the CPU";
+    problem = "is not on the CPU";
+  } else if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+    problem = "is not float32";
+  } else if (!Compact(t)) {
+    problem = "is not compact";
   }
-  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
-    TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not float32";
+  if (problem != nullptr) {
+    TVM_FFI_THROW(ValueError) << shim << ": " << what << (role ? " " : "") << (role ? role : "")
+                              << " " << problem;
   }
-  if (!Compact(t)) TVM_FFI_THROW(ValueError) << shim << ": " << what << " is not compact";
 }
 
 // The operands of a conv2d or dense call: each float32 on the CPU, named "<op> data", "<op>
@@ -148,20 +155,19 @@ void CheckFloat32(const DLTensor* t, const char* shim, const char* what) {
 void CheckOperands(const char* shim, const char* op, const DLTensor* src, const DLTensor* weight,
                    const DLTensor* bias, const DLTensor* dst, const DLTensor* residual = nullptr,
                    const DLTensor* weight_scale = nullptr) {
-  const std::string name(op);
-  CheckFloat32(src, shim, (name + " data").c_str());
+  CheckFloat32(src, shim, op, "data");
   if (weight_scale == nullptr) {
-    CheckFloat32(weight, shim, (name + " weight").c_str());
+    CheckFloat32(weight, shim, op, "weight");
   } else {
     if (weight->device.device_type != kDLCPU || weight->dtype.code != kDLInt ||
         weight->dtype.bits != 8 || weight->dtype.lanes != 1 || !Compact(weight)) {
-      TVM_FFI_THROW(ValueError) << shim << ": " << name << " weight is not a compact int8 CPU tensor";
+      TVM_FFI_THROW(ValueError) << shim << ": " << op << " weight is not a compact int8 CPU tensor";
     }
-    CheckFloat32(weight_scale, shim, (name + " weight scale").c_str());
+    CheckFloat32(weight_scale, shim, op, "weight scale");
   }
-  CheckFloat32(bias, shim, (name + " bias").c_str());
-  CheckFloat32(dst, shim, (name + " output").c_str());
-  if (residual != nullptr) CheckFloat32(residual, shim, (name + " residual").c_str());
+  CheckFloat32(bias, shim, op, "bias");
+  CheckFloat32(dst, shim, op, "output");
+  if (residual != nullptr) CheckFloat32(residual, shim, op, "residual");
 }
 
 // A float32 tensor's first element.

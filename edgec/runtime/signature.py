@@ -142,10 +142,10 @@ def bind_inputs(
     Names must match exactly; dtype and rank must be the spec's; fixed dims must be equal; a symbol
     used twice must take one value. Raises ``error`` with a one-line message otherwise.
     """
-    expected = [spec.name for spec in specs]
-    missing = [name for name in expected if name not in arrays]
-    extra = sorted(set(arrays) - set(expected))
-    if missing or extra:
+    if len(arrays) != len(specs) or not all(spec.name in arrays for spec in specs):
+        expected = [spec.name for spec in specs]
+        missing = [name for name in expected if name not in arrays]
+        extra = sorted(set(arrays) - set(expected))
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
             [f"unexpected {', '.join(extra)}"] if extra else [])
         raise error(f"{where}: {'; '.join(parts)}; the model's inputs are {', '.join(expected)}")
@@ -178,7 +178,7 @@ def bind_inputs(
                 )
         if spec.bounds is not None and array.size:
             low, high = spec.bounds
-            smallest, largest = int(array.min()), int(array.max())
+            smallest, largest = _extremes(array)
             if smallest < low or largest >= high:
                 bad = smallest if smallest < low else largest
                 raise error(
@@ -193,6 +193,19 @@ def bind_inputs(
                 f"that cover this value"
             )
     return bound
+
+
+def _extremes(array: np.ndarray) -> tuple[int, int]:
+    """The smallest and largest of an integer array's values (not empty). A few token ids are
+    faster through Python's min and max than through two numpy reductions (about 1 us each, in
+    model calls of about 10 us)."""
+    if array.size <= _SMALL_ARRAY:
+        values = array.ravel().tolist()
+        return min(values), max(values)
+    return int(array.min()), int(array.max())
+
+
+_SMALL_ARRAY = 64
 
 
 def _brief(array: np.ndarray) -> str:
