@@ -146,9 +146,12 @@ extern "C" void omp_set_num_threads(int);
 // 2^21 took 64 tokens from 0.35 to 0.28 ms and 80 from 0.44 to 0.37 ms, as fast as spinning
 // threads (OMP_WAIT_POLICY=ACTIVE) in the same run.
 constexpr int64_t kSerialMacs = int64_t(1) << 21;
-// The same for convolutions, whose kernels do more per multiply-add: below this, waking the
-// sleeping OpenMP threads costs more than the second core saves.
-constexpr int64_t kSerialConvMacs = int64_t(1) << 21;
+// The same for convolutions. Their kernels run near peak even on small images (a 32->32 3x3
+// conv on 3 x 8 x 8 in 14 us on one core), so their threads pay off sooner: 2^21 left the
+// mid-size depthwise and 1x1 convs of mobile CNNs on one thread; 2^17-2^19 took timm's ghostnet
+// from 4.5-5.1 to 3.7-4.0 ms and mobilenet_v3_small from 0.74-0.98 to 0.63-0.67 ms (2 cores,
+// interleaved; the three alike within noise).
+constexpr int64_t kSerialConvMacs = int64_t(1) << 18;
 
 // Whether OpenMP's threads can be counted on now. A parallel oneDNN call ends at a barrier that
 // waits for every OpenMP thread; when other processes hold the cores, a descheduled partner keeps
