@@ -106,8 +106,8 @@ class MemoryPool {
         return Lease(this, std::move(set));
       }
     }
-    auto set = std::make_unique<Set>();
-    for (const memory::desc& md : descs_) set->emplace_back(md, Engine(), nullptr);  // DNNL_MEMORY_NONE: no buffer yet
+    auto set = std::make_unique<Set>();  // each without a buffer (DNNL_MEMORY_NONE) until Over
+    for (const memory::desc& md : descs_) set->emplace_back(md, Engine(), nullptr);
     return Lease(this, std::move(set));
   }
 

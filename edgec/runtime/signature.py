@@ -195,6 +195,9 @@ def bind_inputs(
     return bound
 
 
+_SMALL_ARRAY = 64  # elements: up to here Python's min and max beat numpy's reductions
+
+
 def _extremes(array: np.ndarray) -> tuple[int, int]:
     """The smallest and largest of an integer array's values (not empty). A few token ids are
     faster through Python's min and max than through two numpy reductions (about 1 us each, in
@@ -203,9 +206,6 @@ def _extremes(array: np.ndarray) -> tuple[int, int]:
         values = array.ravel().tolist()
         return min(values), max(values)
     return int(array.min()), int(array.max())
-
-
-_SMALL_ARRAY = 64
 
 
 def _brief(array: np.ndarray) -> str:

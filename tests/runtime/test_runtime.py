@@ -117,6 +117,12 @@ def test_out_of_range_indices_are_refused_before_the_kernel_sees_them(tmp_path):
     np.testing.assert_array_equal(loaded.run(sample.arrays)["emb"][1], [36, 37, 38, 39])
     with pytest.raises(SamplesError, match=r"holds 10, outside \[-10, 10\)"):
         loaded.run({"ids": np.array([3, 10], np.int64)})
+    many = np.zeros(100, np.int64)  # past the few ids checked through Python's min and max
+    many[57] = -11
+    with pytest.raises(SamplesError, match=r"holds -11, outside \[-10, 10\)"):
+        loaded.run({"ids": many})
+    many[57] = -10
+    assert loaded.run({"ids": many})["emb"].shape == (100, 4)
 
 
 def test_serial_tvm_kernels_get_a_one_thread_tvm_pool(mlp_artifact):
