@@ -122,18 +122,6 @@ class MemoryPool {
   std::vector<std::unique_ptr<Set>> free_;
 };
 
-// A conv2d_add's residual as its binary post-op's input: the caller's tensor (in the output's
-// layout `user_dst`), or, when the primitive writes another layout `dst` (`into` reorders to it),
-// its copy in `scratch`.
-memory ResidualInput(const memory::desc& user_dst, float* data, const dnnl::reorder* into,
-                     const memory::desc& dst, void* scratch) {
-  memory given(user_dst, Engine(), data);
-  if (into == nullptr) return given;
-  memory reordered(dst, Engine(), scratch);
-  into->execute(Stream(), given, reordered);
-  return reordered;
-}
-
 // oneDNN's OpenMP runtime (libgomp, which libdnnl links): declared here rather than through
 // <omp.h> so that the shim compiles without -fopenmp.
 extern "C" int omp_get_max_threads(void);

@@ -270,6 +270,7 @@ struct DenseEntry {
   std::once_flag once;
   std::vector<int32_t> column_sums;
   std::vector<float> folded_bias;
+  MemoryPool memories;  // data (f32, or quantized u8), bias, output
 };
 
 // Output scales must be fixed when the primitive is made: with run-time scales oneDNN 2.6 drops
@@ -326,6 +327,8 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
     entry->pd = dnnl::matmul::primitive_desc(desc, attr, Engine());
     if (int8 && m * k * n < kAmxMinMacs) SkipAmx(&entry->pd);
     entry->primitive = dnnl::matmul(entry->pd);
+    entry->memories.Init(
+        {entry->pd.src_desc(), entry->pd.bias_desc(), entry->pd.dst_desc()});
     return entry;
   });
   const auto& pd = entry->pd;
@@ -333,15 +336,11 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
     return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
                        memory::desc({k, n}, int8 ? dt::s8 : dt::f32, tag::ab), n, 1, !int8);
   });
-  std::unordered_map<int, memory> args = {
-      {DNNL_ARG_WEIGHTS, weights},
-      {DNNL_ARG_DST, memory(pd.dst_desc(), Engine(), out)},
-  };
+  MemoryPool::Lease mem = entry->memories.Take();
   const float* b = Data<float>(bias);
-  if (!int8) {
-    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), const_cast<float*>(x)));
-    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), const_cast<float*>(b)));
-  } else {
+  const void* src_data = x;
+  const void* bias_data = b;
+  if (int8) {
     std::call_once(entry->once, [&]() {
       const int8_t* w = Data<int8_t>(weight);
       entry->column_sums.assign(n, 0);
@@ -360,7 +359,7 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
     });
     uint8_t* q = static_cast<uint8_t*>(Scratch(0, m * k));
     Quantize(x, m * k, x_scale, x_zero, q);
-    args.emplace(DNNL_ARG_SRC, memory(pd.src_desc(), Engine(), q));
+    src_data = q;
     float* folded = entry->folded_bias.data();
     if (dynamic) {  // this call's zero point; x_scale and the bias come after, in ScaleBiasRelu
       folded = static_cast<float*>(Scratch(1, n * sizeof(float)));
@@ -368,9 +367,12 @@ void Dense(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, b
         folded[j] = -static_cast<float>(x_zero) * entry->column_sums[j];
       }
     }
-    args.emplace(DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), folded));
+    bias_data = folded;
   }
-  entry->primitive.execute(Stream(), args);
+  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, src_data)},
+                             {DNNL_ARG_WEIGHTS, weights.get()},
+                             {DNNL_ARG_BIAS, mem.Over(1, bias_data)},
+                             {DNNL_ARG_DST, mem.Over(2, out)}});
   Stream().wait();
   if (dynamic) {
     const FusedActivation a = FusedActivationOf(flags);
@@ -414,6 +416,9 @@ struct ConvEntry {
   dnnl::reorder src_in, dst_out, residual_in;
   std::vector<float> out_scales;
   WeightSlot weights;
+  // The caller's data, output, residual; the bias; the reordered data, output, residual.
+  enum { kSrc, kDst, kResidual, kBias, kSrcPacked, kDstPacked, kResidualPacked };
+  MemoryPool memories;
 };
 
 // attrs: stride h, w; pad top, left, bottom, right; dilation h, w; groups; flags
@@ -485,6 +490,9 @@ std::shared_ptr<ConvEntry> MakeConv(const DLTensor* src, const DLTensor* weight,
     entry->dst_out = Reorder(entry->pd.dst_desc(), user_dst);
     if (residual) entry->residual_in = Reorder(user_dst, entry->pd.dst_desc());
   }
+  const auto& pd = entry->pd;
+  entry->memories.Init({user_src, user_dst, user_dst, pd.bias_desc(), pd.src_desc(),
+                        pd.dst_desc(), pd.dst_desc()});
   return entry;
 }
 
@@ -525,20 +533,20 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
     return MakeConv(src, weight, w_scales, int8, x_scale, x_zero, attrs, dst, residual != nullptr);
   });
   const auto& pd = entry->pd;
-  dnnl::stream& stream = Stream();
   memory weights = entry->weights.Get(weight_id, [&]() {
     return PackWeights(weight_id, pd.weights_desc(), Data<int8_t>(weight), w_scales,
                        entry->user_weights, weight->shape[0], 0, !int8);
   });
-  memory src_m(entry->user_src, Engine(), Data<float>(src));
-  memory dst_m(entry->user_dst, Engine(), Data<float>(dst));
-  memory src_p = src_m, dst_p = dst_m;
+  MemoryPool::Lease m = entry->memories.Take();
+  dnnl_memory_t src_m = m.Over(ConvEntry::kSrc, Data<float>(src));
+  dnnl_memory_t dst_m = m.Over(ConvEntry::kDst, Data<float>(dst));
+  dnnl_memory_t src_p = src_m, dst_p = dst_m;
   if (int8 || entry->reorder_src) {
-    src_p = memory(pd.src_desc(), Engine(), Scratch(1, pd.src_desc().get_size()));
-    entry->src_in.execute(stream, src_m, src_p);
+    src_p = m.Over(ConvEntry::kSrcPacked, Scratch(1, pd.src_desc().get_size()));
+    Execute(entry->src_in, {{DNNL_ARG_FROM, src_m}, {DNNL_ARG_TO, src_p}});
   }
   if (entry->reorder_dst) {
-    dst_p = memory(pd.dst_desc(), Engine(), Scratch(2, pd.dst_desc().get_size()));
+    dst_p = m.Over(ConvEntry::kDstPacked, Scratch(2, pd.dst_desc().get_size()));
   }
   float* bias_data = Data<float>(bias);
   std::vector<float> scaled_bias;
@@ -550,22 +558,25 @@ void Conv2d(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, 
     }
     bias_data = scaled_bias.data();
   }
-  std::unordered_map<int, memory> args = {
-      {DNNL_ARG_SRC, src_p},
-      {DNNL_ARG_WEIGHTS, weights},
-      {DNNL_ARG_BIAS, memory(pd.bias_desc(), Engine(), bias_data)},
-      {DNNL_ARG_DST, dst_p},
-  };
-  if (residual != nullptr) {
-    const bool reorder = entry->reorder_dst;
-    void* scratch = reorder ? Scratch(3, pd.dst_desc().get_size()) : nullptr;
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 ResidualInput(entry->user_dst, Data<float>(residual),
-                               reorder ? &entry->residual_in : nullptr, pd.dst_desc(), scratch));
+  dnnl_memory_t bias_m = m.Over(ConvEntry::kBias, bias_data);
+  if (residual == nullptr) {
+    Execute(entry->primitive, {{DNNL_ARG_SRC, src_p}, {DNNL_ARG_WEIGHTS, weights.get()},
+                               {DNNL_ARG_BIAS, bias_m}, {DNNL_ARG_DST, dst_p}});
+  } else {
+    // The residual, a binary post-op's input, in the layout the primitive writes.
+    dnnl_memory_t residual_m = m.Over(ConvEntry::kResidual, Data<float>(residual));
+    if (entry->reorder_dst) {
+      dnnl_memory_t reordered =
+          m.Over(ConvEntry::kResidualPacked, Scratch(3, pd.dst_desc().get_size()));
+      Execute(entry->residual_in, {{DNNL_ARG_FROM, residual_m}, {DNNL_ARG_TO, reordered}});
+      residual_m = reordered;
+    }
+    Execute(entry->primitive, {{DNNL_ARG_SRC, src_p}, {DNNL_ARG_WEIGHTS, weights.get()},
+                               {DNNL_ARG_BIAS, bias_m}, {DNNL_ARG_DST, dst_p},
+                               {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, residual_m}});
   }
-  entry->primitive.execute(stream, args);
-  if (entry->reorder_dst) entry->dst_out.execute(stream, dst_p, dst_m);
-  stream.wait();
+  if (entry->reorder_dst) Execute(entry->dst_out, {{DNNL_ARG_FROM, dst_p}, {DNNL_ARG_TO, dst_m}});
+  Stream().wait();
 }
 
 void Conv2dW8(DLTensor* src, DLTensor* weight, DLTensor* w_scale, DLTensor* bias, int64_t sh,
