@@ -6,6 +6,10 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
+# A Relax function attribute: only edgec's own kernels call this function, with values of its
+# parameter types (a loop's step); its VM argument checks go (transform/trusted_params.py).
+TRUSTED_PARAMS = "edgec.trusted_params"
+
 
 def constant(value) -> relax.Constant:
     """A Relax constant of ``value`` in its own dtype: ``relax.const`` alone makes an int64 or

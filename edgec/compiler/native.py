@@ -142,7 +142,7 @@ def int8_addon(compiler: str = "g++", functions: tuple[str, ...] | None = None) 
 # ``transform.library_offload`` and ``transform.quantized`` write), then edgec's own kernels.
 _LIBRARY_PREFIXES = {"dnnl": "edgec_dnnl_", "xnnpack": "edgec_xnn_", "dnnl_int8": "edgec_q8_"}
 RUNTIME_KERNELS = {"edgec_nonzero", "edgec_unique", "edgec_unique_axis", "edgec_nms", "edgec_recurrent",
-                   "edgec_rows_append", "edgec_rows_take"}
+                   "edgec_rows_append", "edgec_rows_take", "edgec_loop"}
 # The shim of each library route (a target file's [libraries] key).
 ROUTE_SHIMS = {"dnnl": dnnl_shim, "xnnpack": xnnpack_shim}
 

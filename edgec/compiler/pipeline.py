@@ -51,6 +51,7 @@ from edgec.compiler.transform.schedules import (ApplyTuningDatabase, CPUSchedule
                                                 kernels_parallel)
 from edgec.compiler.transform.shape_func_order import OrderShapeFunctions
 from edgec.compiler.transform.shape_reads import UnfusedShapeReads
+from edgec.compiler.transform.trusted_params import TrustedParams
 from edgec.compiler.transform.unique_vars import UniqueVars
 from edgec.compiler.tuning_database import open_database
 from edgec.core.model import Model
@@ -193,8 +194,10 @@ def phases(backend: Backend, target: Target, options: Options, record: Record) -
 
 # edgec's passes that mend what one of TVM's passes leaves, each run right after that pass: the
 # memory planning may hand one branch of an If storage bound in another (each branch then
-# allocates its own), and the shape lowering orders its statements differently on every run.
-_FIXES_AFTER = {"StaticPlanBlockMemory": BranchStorage, "VMShapeLower": OrderShapeFunctions}
+# allocates its own); the shape lowering orders its statements differently on every run, and
+# checks the arguments of loop steps that only edgec_loop calls.
+_FIXES_AFTER = {"StaticPlanBlockMemory": [BranchStorage],
+                "VMShapeLower": [OrderShapeFunctions, TrustedParams]}
 
 
 def with_fixes(passes: list) -> list:
@@ -202,8 +205,7 @@ def with_fixes(passes: list) -> list:
     result = []
     for p in passes:
         result.append(p)
-        if p.info.name in _FIXES_AFTER:
-            result.append(_FIXES_AFTER[p.info.name])
+        result += _FIXES_AFTER.get(p.info.name, [])
     return result
 
 

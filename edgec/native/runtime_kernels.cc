@@ -1,6 +1,7 @@
 // Kernels for Relax ops whose results have data-dependent shapes (NonZero, Unique, and
 // NonMaxSuppression over a run-time box count), the time loop of recurrent
-// layers (edgec_recurrent), and the stacked outputs of Loop and Scan (edgec_rows_*, at the end).
+// layers (edgec_recurrent), the stacked outputs of Loop and Scan (edgec_rows_*) and their
+// iterations (edgec_loop).
 //
 // TVM 0.27 lowers `relax.nonzero` and `relax.unique` to calls of "relax.run.nonzero" and
 // "relax.run.unique", functions registered by TVM's *Python* package: a runtime-only install or a
@@ -10,6 +11,7 @@
 // Python versions do.
 
 #include <dlpack/dlpack.h>
+#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/function.h>
@@ -828,6 +830,52 @@ ffi::Tensor RowsTake(ffi::Tensor rows, ffi::Tensor count) {
   return ffi::Tensor::FromNDAlloc(RowsView{rows}, ffi::Shape(shape), r->dtype, r->device);
 }
 
+// The value of a one-element bool (or 8-bit integer) CPU tensor: a loop's condition.
+bool ScalarTruth(const ffi::Tensor& t) {
+  const DLTensor* d = t.GetDLTensorPtr();
+  if (d->device.device_type != kDLCPU || d->dtype.bits != 8 || NumElements(d) != 1) {
+    TVM_FFI_THROW(ValueError) << "edgec_loop: the loop condition is not one bool on the CPU";
+  }
+  return *Elements<const uint8_t>(t) != 0;
+}
+
+// A Loop's or Scan's iterations (compiler/importer/converters/control_flow.py), called by the VM
+// with itself as context: (vm, step, limit, has_cond, n_state, state..., invariants...).
+// `step(state..., invariants...)` is one iteration, a Relax function returning the next state;
+// it runs while state[0] (the iteration count) < limit and, with `has_cond`, state[1] is true.
+// Returns the final state. One native loop instead of a VM function recursing per iteration:
+// no call frame, bound check or branch per iteration beyond the step's own.
+void Loop(const ffi::AnyView* args, int32_t num_args, ffi::Any* result) {
+  constexpr int kFixed = 5;
+  if (num_args < kFixed) TVM_FFI_THROW(ValueError) << "edgec_loop: " << num_args << " arguments";
+  int64_t limit = ScalarIndex(args[2].cast<ffi::Tensor>(), "the trip limit");
+  bool has_cond = args[3].cast<int64_t>() != 0;
+  int64_t n_state = args[4].cast<int64_t>();
+  if (n_state < (has_cond ? 2 : 1) || kFixed + n_state > num_args) {
+    TVM_FFI_THROW(ValueError) << "edgec_loop: " << n_state << " state values of " << num_args;
+  }
+  // The VM's own closure call: the step may be bytecode or compiled code.
+  ffi::Function invoke = ffi::Function::GetGlobalRequired("vm.builtin.invoke_closure");
+  std::vector<ffi::Any> state(args + kFixed, args + kFixed + n_state);
+  std::vector<ffi::AnyView> call(num_args - kFixed + 2);
+  call[0] = args[0];
+  call[1] = args[1];
+  std::copy(args + kFixed + n_state, args + num_args, call.begin() + 2 + n_state);
+  while (ScalarIndex(state[0].cast<ffi::Tensor>(), "the iteration count") < limit &&
+         (!has_cond || ScalarTruth(state[1].cast<ffi::Tensor>()))) {
+    std::copy(state.begin(), state.end(), call.begin() + 2);
+    ffi::Any next;
+    invoke.CallPacked(call.data(), static_cast<int32_t>(call.size()), &next);
+    ffi::Array<ffi::Any> values = next.cast<ffi::Array<ffi::Any>>();
+    if (static_cast<int64_t>(values.size()) != n_state) {
+      TVM_FFI_THROW(ValueError) << "edgec_loop: the step returned " << values.size() << " of "
+                                << n_state << " state values";
+    }
+    for (int64_t k = 0; k < n_state; ++k) state[k] = values[k];
+  }
+  *result = ffi::Array<ffi::Any>(state.begin(), state.end());
+}
+
 }  // namespace
 
 // -DEDGEC_ONLY_LISTED: only the exports named -DEDGEC_EXPORT_<symbol> (a library links the
@@ -852,4 +900,14 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_unique_axis, UniqueAxis);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_recurrent)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_recurrent, Recurrent);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_loop)
+// Exported by hand: the driver takes a variable number of arguments, which a typed export cannot.
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_edgec_loop(void*, const TVMFFIAny* args,
+                                                       int32_t num_args, TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  Loop(reinterpret_cast<const tvm::ffi::AnyView*>(args), num_args,
+       reinterpret_cast<tvm::ffi::Any*>(result));
+  TVM_FFI_SAFE_CALL_END();
+}
 #endif

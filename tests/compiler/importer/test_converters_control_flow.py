@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 from edgec.compiler import pipeline
+from edgec.compiler.ir import extern_symbols
 from edgec.compiler.pipeline import import_model
 from edgec.core.model import from_proto
 from edgec.runtime import bind_linked_functions
@@ -133,8 +134,9 @@ def f32(value: float) -> np.ndarray:
 # Loop
 
 
-def _counting_loop(with_m: bool, with_cond: bool) -> onnx.ModelProto:
-    """acc <- acc * 1.5 + x * i; stop after M trips and/or once sum(acc) > limit."""
+def _counting_loop(with_m: bool, with_cond: bool, rows="n") -> onnx.ModelProto:
+    """acc <- acc * 1.5 + x * i; stop after M trips and/or once sum(acc) > limit. The body
+    computes its condition without reading cond_in. ``rows``: x's first dim."""
     nodes = [
         helper.make_node("Cast", ["i"], ["i_f"], to=F),
         helper.make_node("Mul", ["x", "i_f"], ["xi"]),
@@ -145,13 +147,14 @@ def _counting_loop(with_m: bool, with_cond: bool) -> onnx.ModelProto:
         helper.make_node("Identity", ["acc_out"], ["rows"]),
         helper.make_node("Cast", ["i"], ["i_scan"], to=I64),
     ]
-    body = loop_body(nodes, [("acc", F, ["n", 3])], [("rows", F, ["n", 3]), ("i_scan", I64, [])])
+    body = loop_body(nodes, [("acc", F, [rows, 3])], [("rows", F, [rows, 3]), ("i_scan", I64, [])])
     loop = helper.make_node("Loop", ["M" if with_m else "", "c0" if with_cond else "", "x"],
                             ["final", "all_rows", "iters"], body=body)
-    inputs = [vi("x", F, ["n", 3]), vi("limit", F, [])]
+    inputs = [vi("x", F, [rows, 3]), vi("limit", F, [])]
     inputs += [vi("M", I64, [])] if with_m else []
     inputs += [vi("c0", B, [])] if with_cond else []
-    outputs = [vi("final", F, ["n", 3]), vi("all_rows", F, ["t", "n", 3]), vi("iters", I64, ["t"])]
+    outputs = [vi("final", F, [rows, 3]), vi("all_rows", F, ["t", rows, 3]),
+               vi("iters", I64, ["t"])]
     return model([const("k", 1.5), loop], inputs, outputs)
 
 
@@ -184,6 +187,35 @@ def test_loop_zero_trips():
     check(LOOP_COND, {"x": x, "limit": f32(1.0), "c0": np.array(False)})
     check(LOOP_BOTH, {"x": x, "limit": f32(1.0), "M": i64(0), "c0": np.array(True)},
           {"x": x, "limit": f32(1.0), "M": i64(4), "c0": np.array(False)})
+
+
+def test_loop_with_static_shapes_whose_body_ignores_its_condition():
+    """All shapes static and cond_in unread (a greedy decoder's loop): the step edgec_loop
+    calls keeps its whole signature through fusion, which drops unused parameters of private
+    functions."""
+    proto = _counting_loop(with_m=True, with_cond=True, rows=2)
+    x = np.abs(rand(2, 3)) + 0.1
+    check(proto, *[{"x": x, "limit": f32(v), "M": i64(9), "c0": np.array(True)}
+                   for v in (1.0, 20.0, 1e6)])
+
+
+def test_native_loop_iterates_one_step_function():
+    """On the CPU a Loop is one step function that edgec_loop iterates (no VM recursion per
+    iteration), with the body inlined into it where the body's parameters are static;
+    elsewhere the recursive functions remain."""
+    native = import_model(from_proto(_counting_loop(True, True, rows=2), "loop"),
+                          native_loops=True)
+    assert "edgec_loop" in extern_symbols(native)
+    names = sorted(gv.name_hint for gv, f in native.functions.items()
+                   if isinstance(f, relax.Function))
+    assert [n for n in names if n.endswith("_step")] and not [n for n in names if "_L0" in n]
+    step = next(f for gv, f in native.functions.items() if gv.name_hint.endswith("_step"))
+    called = set()
+    relax.analysis.post_order_visit(step, lambda e: called.add(e.op.name_hint) if isinstance(
+        e, relax.Call) and isinstance(e.op, relax.GlobalVar) else None)
+    assert not called, f"the step still calls {called}"
+    recursive = import_model(from_proto(LOOP_BOTH, "loop"), native_loops=False)
+    assert "edgec_loop" not in extern_symbols(recursive)
 
 
 def test_loop_several_states_and_scans_reading_outer_values():

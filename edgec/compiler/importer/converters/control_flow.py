@@ -1,6 +1,11 @@
-"""ONNX ``Loop`` and ``Scan`` lowered to recursive Relax functions: the model stays one VM program.
+"""ONNX ``Loop`` and ``Scan`` lowered to Relax functions: the model stays one VM program.
 
-For a Loop with carried values ``v`` and scan outputs ``s`` the lowering is::
+In modules that run on the CPU (a converter's ``native_rows``) a loop is one step function,
+``step(state..., free...) -> state'`` (the body inlined when its parameters are static), that
+edgec's CPU kernel ``edgec_loop`` calls while the state's iteration count is under the limit and
+its condition holds: no VM frame, bound check or branch per iteration beyond the step's own.
+Elsewhere (a GPU module: the kernel reads the counter on the host) it is recursive. For a Loop
+with carried values ``v`` and scan outputs ``s`` that lowering is::
 
     body(i, cond, v..., free...) -> (cond', v'..., s...)     # the body graph (subgraph.py)
     loop_L0(i, cond, v..., acc..., limit, free...):            # one iteration per call
@@ -37,6 +42,7 @@ from tvm import relax, tirx
 from tvm.relax.expr import _update_type
 from tvm.tirx.analysis import undefined_vars
 
+from edgec.compiler.ir import TRUSTED_PARAMS
 from edgec.compiler.importer.converters.subgraph import (Body, BOOL_SCALAR, FreeValues,
                                                          INT64_SCALAR, Patterns, Session,
                                                          as_tensor, commit_module, convert_body,
@@ -45,6 +51,7 @@ from edgec.compiler.importer.converters.subgraph import (Body, BOOL_SCALAR, Free
                                                          subgraph_importer)
 
 _CHUNKS = (64, 4096)
+NATIVE_LOOP = "edgec_loop"  # edgec's CPU kernel that iterates a loop's step function
 _INT64_MAX = 2**63 - 1
 class _ControlFlowConverter:
     """A converter of control flow: it converts the bodies with the import's converter table
@@ -123,23 +130,109 @@ class _LoopSpec:
 def _build_loop(bb: relax.BlockBuilder, session: Session, spec: _LoopSpec) -> relax.GlobalVar:
     """Add the loop's functions to ``bb``'s module; return the outermost, called as
     ``f(state..., limit, invariants...) -> (state...)``."""
+    if session.native_rows:
+        return _build_native_loop(bb, session, spec)
     lower = None
     for level in range(len(_CHUNKS) + 1):
         lower = _build_level(bb, session, spec, level, lower)
     return lower
 
 
+def _signature(spec: _LoopSpec, with_limit: bool):
+    """Fresh parameters for a loop function (state, [limit,] invariants; symbolic dims renamed)
+    and its return type (loose state slots with only their rank)."""
+    copies: dict[tirx.Var, tirx.Var] = {}
+    state = [relax.Var(f"s{k}", instantiate(ty, copies)) for k, ty in enumerate(spec.state)]
+    limit = [relax.Var("limit", INT64_SCALAR)] if with_limit else []
+    invariants = [relax.Var(f"c{k}", instantiate(ty, copies))
+                  for k, ty in enumerate(spec.invariants)]
+    ret = relax.TupleType([relax.TensorType(ndim=var.ty.ndim, dtype=dtype_of(var.ty))
+                           if loose else var.ty for var, loose in zip(state, spec.loose)])
+    return state, limit, invariants, ret
+
+
+def _add_function(bb: relax.BlockBuilder, fbb: relax.BlockBuilder, name: str,
+                  ret: relax.TupleType, force_pure: bool = False) -> relax.GlobalVar:
+    """Move the function ``fbb`` built (and what it added) into ``bb``'s module, returning
+    ``ret`` (the state's declared types, not the step's narrower ones). ``force_pure``: it is
+    pure though it makes an impure call."""
+    module = fbb.get()
+    func = module[name]
+    func = relax.Function(func.params, func.body, ret, is_pure=True, attrs=func.attrs)
+    if force_pure:
+        func = func.with_attr("relax.force_pure", True)
+    commit_module(bb, module, skip=name)
+    return bb.add_func(func, name)
+
+
+def _build_native_loop(bb: relax.BlockBuilder, session: Session,
+                       spec: _LoopSpec) -> relax.GlobalVar:
+    """The loop as one step function iterated by edgec's CPU kernel ``edgec_loop``, which the
+    VM calls with itself as context so the kernel can call the step back: per iteration, only
+    the step's own work (see the C++ side in ``edgec/native/runtime_kernels.cc``)."""
+    step_name = session.unique_name(bb, f"{spec.name}_step")
+    state, _, invariants, ret = _signature(spec, with_limit=False)
+    fbb = relax.BlockBuilder()
+    with fbb.function(step_name, state + invariants, private=True):
+        new = spec.step(fbb, state, invariants)
+        fbb.emit_func_output(fbb.emit(relax.Tuple(new)))
+    step = _add_function(bb, fbb, step_name, ret)
+    # edgec_loop calls the step, from outside Relax: public, so that no pass rewrites its
+    # signature (fusion drops a private function's unused parameters, a Loop body's condition
+    # among them). It calls it with what the step returned (transform/trusted_params.py).
+    bb.update_func(step, _inline_callees(bb.get(), step).with_attr(TRUSTED_PARAMS, True))
+
+    name = session.unique_name(bb, spec.name)
+    state, limit, invariants, ret = _signature(spec, with_limit=True)
+    fbb = relax.BlockBuilder()
+    with fbb.function(name, state + limit + invariants, private=True):
+        args = [step, limit[0], relax.prim_value(int(spec.has_cond)),
+                relax.prim_value(len(state))] + state + invariants
+        result = fbb.emit(relax.op.call_builtin_with_ctx(
+            relax.ExternFunc(NATIVE_LOOP), relax.Tuple(args), ty_args=[ret]))
+        fbb.emit_func_output(result)
+    # A call with the VM as context is impure to Relax; iterating a pure step is pure.
+    return _add_function(bb, fbb, name, ret, force_pure=True)
+
+
+def _inline_callees(mod: tvm.IRModule, gv: relax.GlobalVar) -> relax.Function:
+    """``mod[gv]``, made public, with the private functions it calls directly (the loop body)
+    inlined where their parameters have static shapes: a VM function call costs about 0.3 us
+    (frame, argument checks), per iteration. Other calls stay (``_static_params``)."""
+    step = mod[gv]
+    calls: list[relax.Call] = []
+    relax.analysis.post_order_visit(step, lambda e: calls.append(e) if isinstance(
+        e, relax.Call) and isinstance(e.op, relax.GlobalVar) else None)
+    inline, keep = set(), set()
+    for call in calls:
+        if isinstance(mod[call.op.name_hint], relax.Function):
+            target = inline if _static_params(mod[call.op.name_hint]) else keep
+            target.add(call.op.name_hint)
+    inline -= keep
+    # The pass inlines every private function of the module it gets, and needs every function
+    # they name: it gets the module with only the callees to inline private.
+    functions = {}
+    for g, func in mod.functions.items():
+        if isinstance(func, relax.Function) and g.name_hint not in inline:
+            func = func.with_attr("global_symbol", g.name_hint)
+        functions[g] = func
+    inlined = relax.transform.InlinePrivateFunctions()(tvm.IRModule(functions))
+    return inlined[gv.name_hint]
+
+
+def _static_params(callee: relax.Function) -> bool:
+    """Whether every parameter of ``callee`` is a tensor of known, static shape: TVM's inliner
+    (0.27) leaves symbolic dims of the callee undefined in the caller ('has not been
+    computed'), so only such callees are inlined."""
+    return all(isinstance(p.ty, relax.TensorType) and p.ty.shape is not None
+               and all(is_static(d) for d in dims_of(p.ty)) for p in callee.params)
+
+
 def _build_level(bb: relax.BlockBuilder, session: Session, spec: _LoopSpec, level: int,
                  lower: relax.GlobalVar | None) -> relax.GlobalVar:
     name = session.unique_name(bb, f"{spec.name}_L{level}")
-    copies: dict[tirx.Var, tirx.Var] = {}
-    state = [relax.Var(f"s{k}", instantiate(ty, copies)) for k, ty in enumerate(spec.state)]
-    limit = relax.Var("limit", INT64_SCALAR)
-    invariants = [relax.Var(f"c{k}", instantiate(ty, copies))
-                  for k, ty in enumerate(spec.invariants)]
+    state, (limit,), invariants, ret = _signature(spec, with_limit=True)
     params = state + [limit] + invariants
-    ret = relax.TupleType([relax.TensorType(ndim=var.ty.ndim, dtype=dtype_of(var.ty))
-                           if loose else var.ty for var, loose in zip(state, spec.loose)])
     # The function calls itself: its GlobalVar needs its type before the body exists.
     gv = relax.GlobalVar(name)
     _update_type(gv, relax.FuncType([p.ty for p in params], ret))
