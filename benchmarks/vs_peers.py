@@ -227,6 +227,25 @@ def build_report(measured: list[dict], failures: list[dict], not_built: list[dic
             "per_round_ms": {m["name"]: m["per_round"] for m in measured}, "setup": setup}
 
 
+def merge_reports(old: dict, new: dict) -> dict:
+    """``old`` with the models ``new`` measured replaced by ``new``'s rows (and failures), the
+    rest kept, the geomeans recomputed; ``setup["updates"]`` lists each later run's models and
+    settings, so the Markdown can say which rows came from it."""
+    names = {row["name"] for row in new["models"]} | {f["name"] for f in new["failures"]}
+    replaced = [r for r in old["models"] if r["name"] not in names]
+    rows = replaced + new["models"]
+    order = {row["name"]: k for k, row in enumerate(old["models"])}
+    rows.sort(key=lambda r: order.get(r["name"], len(order)))
+    per_round = {k: v for k, v in old["per_round_ms"].items() if k not in names}
+    setup = dict(old["setup"])
+    update = {k: v for k, v in new["setup"].items() if k != "updates"}
+    setup["updates"] = [*old["setup"].get("updates", []), {**update, "models": sorted(names)}]
+    return {"models": rows, "geomean": geomeans(rows),
+            "failures": [f for f in old["failures"] if f["name"] not in names] + new["failures"],
+            "not_built": old["not_built"], "per_round_ms": {**per_round, **new["per_round_ms"]},
+            "setup": setup}
+
+
 def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "" if value is None else format(value, spec)
 
@@ -271,6 +290,10 @@ def markdown(report: dict) -> str:
               f"(a match: <= {MATCH_TOLERANCE:g}). Machine: {setup['machine']}; OpenVINO "
               f"{setup['versions'].get('openvino') or 'not installed'}, onnxruntime "
               f"{setup['versions'].get('onnxruntime')}."]
+    for update in setup.get("updates", []):
+        lines += ["", f"Re-measured later ({update.get('date', 'date not recorded')}, "
+                      f"{update['threads']} threads, {update['rounds']} round(s), busy "
+                      f"{update['busy']}): {', '.join(update['models'])}."]
     if report["failures"]:
         lines += ["", "Failures:", ""] + [f"- {f['name']} ({f['system']}): {f['error']}"
                                           for f in report["failures"]]
@@ -406,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=real_models.DEFAULT_CACHE,
                         help="Where the real suite's exports are kept.")
     parser.add_argument("--out", type=Path, default=REPO / "reports", help="Folder to write.")
+    parser.add_argument("--update", action="store_true",
+                        help="Replace only the measured models' rows in the report already in "
+                             "--out (geomeans recomputed; the Markdown names them).")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -444,8 +470,14 @@ def main(argv: list[str] | None = None) -> int:
             failures += failed
     setup = {"threads": args.threads, "rounds": args.rounds, "runs": args.runs,
              "warmup": args.warmup, "busy": args.busy, "machine": _machine(),
-             "versions": _versions(), "run_s": round(time.time() - began, 1)}
+             "versions": _versions(), "run_s": round(time.time() - began, 1),
+             "date": time.strftime("%Y-%m-%d")}
     report = build_report(measured, failures, not_built, setup)
+    if args.update:
+        previous = args.out / "vs_peers.json"
+        if not previous.is_file():
+            parser.error(f"--update: no report at {previous} to update")
+        report = merge_reports(json.loads(previous.read_text(encoding="utf-8")), report)
     write_text(args.out / "vs_peers.json", json.dumps(report, indent=1) + "\n")
     write_text(args.out / "vs_peers.md", markdown(report))
     print(markdown(report), end="")

@@ -79,6 +79,28 @@ def test_report_schema_and_geomeans_from_fake_timings(vs_peers):
     assert "- hf_t5 (edgec): compile: it did not" in table and "- tv_x: no torchvision" in table
 
 
+def test_update_replaces_only_the_remeasured_rows_and_says_so(vs_peers):
+    setup = {"threads": 2, "rounds": 3, "runs": 10, "warmup": 2, "busy": 0, "machine": "cpu",
+             "versions": {"openvino": "2026.4.1", "onnxruntime": "1.32.0"}}
+    old = vs_peers.build_report(
+        [_measured("moe", "zoo", "dynamic", [4.0], [1.0], [8.0]),
+         _measured("tagger", "zoo", "dynamic", [1.0], [1.0], [2.0]),
+         _measured("rnn", "zoo", "dynamic", [9.0], [1.0], [2.0])],
+        [{"name": "rnn", "system": "openvino", "error": "load: no"}], [], setup)
+    new = vs_peers.build_report([_measured("rnn", "zoo", "dynamic", [1.0], [1.0], [2.0])], [],
+                                [], {**setup, "rounds": 5, "date": "2026-12-06"})
+    merged = vs_peers.merge_reports(old, new)
+    _check_schema(json.loads(json.dumps(merged)))
+    assert [r["name"] for r in merged["models"]] == ["moe", "tagger", "rnn"]
+    assert {r["name"]: r["edgec_ms"] for r in merged["models"]} == {
+        "moe": 4.0, "tagger": 1.0, "rnn": 1.0}
+    assert merged["failures"] == [] and merged["per_round_ms"]["rnn"]["edgec"] == [1.0]
+    assert merged["geomean"]["zoo_dynamic_vs_ort"] == pytest.approx(4.0 ** (1 / 3), abs=1e-4)
+    table = vs_peers.markdown(merged)
+    assert "Re-measured later (2026-12-06, 2 threads, 5 round(s), busy 0): rnn." in table
+    assert "3 round(s) in one process" in table  # the original run's settings stay
+
+
 def test_a_system_that_fails_gets_null_and_its_error_and_the_others_run(vs_peers, mlp_dir,
                                                                          tmp_path, monkeypatch):
     """edgec's compile fails (made to): its column is null with the error, onnxruntime and
