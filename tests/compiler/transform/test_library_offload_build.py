@@ -587,6 +587,70 @@ def test_grouped_conv_runs_ungrouped_where_onednn_has_no_direct_kernel(monkeypat
                                rtol=1e-4, atol=1e-4)
 
 
+def residual_block_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 16, 12, 12] -> a 3x3 conv to 64 channels (relu), a 3x3 conv 64 -> 64 plus that
+    as a residual (relu), and a 3x3 conv down to 16 channels."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weight(rng, 64, 16, 3, 3), "b1": _weight(rng, 64, scale=0.1),
+             "w2": _weight(rng, 64, 64, 3, 3), "b2": _weight(rng, 64, scale=0.1),
+             "w3": _weight(rng, 16, 64, 3, 3)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["s2"]),
+        helper.make_node("Relu", ["s2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "residual_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16, 12, 12])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _has_avx512() -> bool:
+    try:
+        return " avx512f " in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [16, 0])
+def test_wide_3x3_convolutions_run_winograd_with_the_residual_as_a_sum(block, monkeypatch,
+                                                                       tmp_path):
+    """On AVX-512, the two 3x3 convs with at least 32 channels on both sides run oneDNN's
+    Winograd kernels (the residual added as a sum post-op, copied into the output first, in
+    blocked and in plain layouts); the one reading 16 channels stays direct. Outputs match
+    onnxruntime."""
+    proto = residual_block_model()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
+    _compile(proto, "block", [Sample("s0", {"x": x})], monkeypatch, block, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    script = ("import sys, numpy as np, edgec.runtime as r; "
+              "m = r.load(sys.argv[1]); "
+              "np.save(sys.argv[3], m.run({'x': np.load(sys.argv[2])})['y'])")
+    env = {**os.environ, "ONEDNN_VERBOSE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "block.edgec"),
+                             str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    convs = [line for line in result.stdout.splitlines() if ",exec,cpu,convolution," in line]
+    assert len(convs) == 3
+    if _has_avx512():
+        assert ["wino" in line for line in convs] == [False, True, False]
+        assert "attr-post-ops:sum" in convs[1]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(proto, {"x": x}),
+                               rtol=1e-4, atol=1e-4)
+
+
 def conv1d_model(seed: int = 0) -> onnx.ModelProto:
     """x[batch, 8, length] -> strided, dilated 1-D convs with bias, GELU and a residual relu."""
     rng = np.random.default_rng(seed)
