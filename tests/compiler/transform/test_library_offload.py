@@ -59,6 +59,38 @@ def test_canonicalize_turns_a_batch_norm_after_a_conv_into_multiply_add():
     tvm.ir.assert_structural_equal(Canonicalize()(Before), Expected)
 
 
+def test_canonicalize_drops_a_slice_of_everything_and_keeps_real_slices():
+    """GhostNet slices each module's concat to the channels it already has: that slice is the
+    identity; one that drops a channel, starts later or steps by 2 is not."""
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 4, 4), "float32")):
+            with R.dataflow():
+                whole = R.strided_slice(x, (1,), (0,), (8,), (1,))
+                again = R.strided_slice(whole, (1,), (0,), (8,))
+                fewer = R.strided_slice(again, (1,), (0,), (7,), (1,))
+                later = R.strided_slice(whole, (1,), (1,), (8,), (1,))
+                every_other = R.strided_slice(whole, (2,), (0,), (4,), (2,))
+                y = (fewer, later, every_other)
+                R.output(y)
+            return y
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 8, 4, 4), "float32")):
+            with R.dataflow():
+                fewer = R.strided_slice(x, (1,), (0,), (7,), (1,))
+                later = R.strided_slice(x, (1,), (1,), (8,), (1,))
+                every_other = R.strided_slice(x, (2,), (0,), (4,), (2,))
+                y = (fewer, later, every_other)
+                R.output(y)
+            return y
+
+    tvm.ir.assert_structural_equal(Canonicalize()(Before), Expected)
+
+
 def test_offload_makes_conv_bias_relu_one_library_call():
     @I.ir_module
     class Before:

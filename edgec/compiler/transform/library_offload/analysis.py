@@ -27,6 +27,7 @@ _STACK = tvm.ir.Op.get("relax.stack")
 _SUM = tvm.ir.Op.get("relax.sum")
 _BROADCAST_TO = tvm.ir.Op.get("relax.broadcast_to")
 _DROPOUT = tvm.ir.Op.get("relax.nn.dropout")
+_STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 _LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm")
 

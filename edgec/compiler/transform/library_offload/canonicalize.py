@@ -1,6 +1,7 @@
 """Canonical forms the library patterns rely on: numpy folding of simple computations on
 constants, inference batch norm as a multiply and an add, ``sum(stack(...))`` as adds, and the
-identities (``broadcast_to`` a tensor's own shape, inference dropout) removed."""
+identities (``broadcast_to`` a tensor's own shape, inference dropout, a slice of everything)
+removed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,26 @@ from edgec.compiler.ir import constant, static_shape
 from edgec.compiler.transform.library_offload.analysis import (_Analysis, _BATCH_NORM,
                                                                _BROADCAST_TO, _DROPOUT, _float32,
                                                                _Group, _is_call, _same_shape,
-                                                               _STACK, _SUM, constant_value)
+                                                               _STACK, _STRIDED_SLICE, _SUM,
+                                                               constant_value)
+
+
+def _whole_slice(value: relax.Call, var: relax.Var) -> bool:
+    """Whether a ``strided_slice`` takes every element in order: from 0 in steps of 1, to a
+    result of its input's shape. GhostNet's modules slice their concat to the channels it
+    already has (``out[:, :channels]``); as a copy it made the tensor leave the blocked layout."""
+    data, _, begin = value.args[:3]
+    strides = value.args[4] if len(value.args) > 4 else None  # absent: steps of 1
+    if not (isinstance(begin, relax.Tuple) and isinstance(strides, (relax.Tuple, type(None)))):
+        return False
+    begins = [_static_int(v) for v in begin.fields]
+    steps = [] if strides is None else [_static_int(v) for v in strides.fields]
+    return all(b == 0 for b in begins) and all(s == 1 for s in steps) and _same_shape(data, var)
+
+
+def _static_int(expr: relax.Expr) -> int | None:
+    """A slice bound's value when it is an integer immediate, else None."""
+    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
 
 
 def _canonical_groups(analysis: _Analysis) -> list[_Group]:
@@ -41,6 +61,8 @@ def _canonical_groups(analysis: _Analysis) -> list[_Group]:
             dropout = analysis.value(value.tuple_value)
             groups.append(_Group(tail=var, drop={value.tuple_value}, alias=dropout.args[0]))
         elif _is_call(value, _BROADCAST_TO) and _same_shape(value.args[0], var):
+            groups.append(_Group(tail=var, drop=set(), alias=value.args[0]))
+        elif _is_call(value, _STRIDED_SLICE) and _whole_slice(value, var):
             groups.append(_Group(tail=var, drop=set(), alias=value.args[0]))
         if _is_call(value, _SUM) and isinstance(value.args[0], relax.Var):
             stacked = analysis.value(value.args[0])
