@@ -20,6 +20,7 @@ VAR = _RNG.uniform(0.5, 1.5, 8).astype(np.float32)
 W16 = _RNG.standard_normal((16, 16, 3, 3)).astype(np.float32)
 B16 = _RNG.standard_normal(16).astype(np.float32)
 DENSE = _RNG.standard_normal((16, 32)).astype(np.float32)
+W32 = _RNG.standard_normal((32, 16, 1, 1)).astype(np.float32)
 
 
 def _bn_scale_shift() -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +206,46 @@ def test_propagate_layout_keeps_activations_blocked_between_two_convs():
     tvm.ir.assert_structural_equal(PropagateLayout(DispatchRules(block=16))(Before), Expected)
     # block 0: every tensor stays NCHW.
     tvm.ir.assert_structural_equal(PropagateLayout(DispatchRules(block=0))(Before), Before)
+
+
+def _split_of_a_conv(indices) -> tvm.IRModule:
+    """A conv to 32 channels split along channels at ``indices``, its two parts used."""
+    wid = weight_id(W32)
+
+    @I.ir_module
+    class Module:
+        @R.function
+        def main(x: R.Tensor((1, 16, 8, 8), "float32")):
+            with R.dataflow():
+                c = R.call_dps_packed(
+                    "edgec_dnnl_conv2d",
+                    (x, R.const(W32), R.const(np.zeros(32, np.float32)), 1, 1, 0, 0, 0, 0,
+                     1, 1, 1, 0, wid),
+                    out_ty=R.Tensor((1, 32, 8, 8), "float32"))
+                s = R.split(c, indices, axis=1)
+                a = s[0]
+                b = s[1]
+                y = R.concat((b, a), axis=1)
+                R.output(y)
+            return y
+
+    return Module
+
+
+def test_propagate_layout_splits_blocked_tensors_along_blocks_or_in_nhwc():
+    """A channel split of a blocked tensor stays blocked: along the block axis when every part
+    has whole blocks, else in NHWC with each part NHWC (ShuffleNet's halves of 24 or 58)."""
+    halves = PropagateLayout(DispatchRules(block=16))(_split_of_a_conv(2))["main"]
+    text = halves.script(show_meta=False)
+    assert "R.split(c_nc16c, indices_or_sections=2, axis=1)" in text
+    assert "R.concat((b_nc16c, a_nc16c), axis=1)" in text
+    assert text.count("R.layout_transform") == 1  # the output, back to NCHW
+
+    uneven = PropagateLayout(DispatchRules(block=16))(_split_of_a_conv([24]))["main"]
+    text = uneven.script(show_meta=False)
+    assert "indices_or_sections=[24], axis=4)" in text
+    assert "R.concat((b_nc8c, a_nc24c), axis=4)" in text
+    assert text.count("R.layout_transform") == 2  # to NHWC for the split, the output to NCHW
 
 
 def test_dispatch_with_stats_is_the_three_passes_in_order_and_leaves_its_input_alone():

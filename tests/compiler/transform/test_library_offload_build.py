@@ -651,6 +651,34 @@ def test_wide_3x3_convolutions_run_winograd_with_the_residual_as_a_sum(block, mo
                                rtol=1e-4, atol=1e-4)
 
 
+@needs_dnnl
+@pytest.mark.parametrize("split", [[16, 16], [24, 8]])
+def test_compiled_channel_split_of_a_blocked_tensor_matches_onnxruntime(split, monkeypatch,
+                                                                         tmp_path):
+    """conv -> Split along channels -> the parts concatenated the other way round -> conv: the
+    split runs on the blocked tensor (whole blocks) or in NHWC (parts of 24 and 8)."""
+    rng = np.random.default_rng(6)
+    inits = {"w1": _weight(rng, 32, 16, 1, 1), "w2": _weight(rng, 16, 32, 3, 3),
+             "split": np.array(split, np.int64)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"]),
+        helper.make_node("Split", ["c1", "split"], ["a", "b"], axis=1),
+        helper.make_node("Concat", ["b", "a"], ["ba"], axis=1),
+        helper.make_node("Conv", ["ba", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "split",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 10, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    x = rng.standard_normal((1, 16, 10, 10)).astype(np.float32)
+    model = _compile(proto, "split", [Sample("s0", {"x": x})], monkeypatch, 16, tmp_path)
+    np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                               rtol=1e-4, atol=1e-4)
+
+
 def conv1d_model(seed: int = 0) -> onnx.ModelProto:
     """x[batch, 8, length] -> strided, dilated 1-D convs with bias, GELU and a residual relu."""
     rng = np.random.default_rng(seed)

@@ -25,11 +25,16 @@ _POOLS = (tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool
 _MEAN = tvm.ir.Op.get("relax.mean")
 _RESIZE = tvm.ir.Op.get("relax.image.resize2d")
 _CONCAT = tvm.ir.Op.get("relax.concat")
+_SPLIT = tvm.ir.Op.get("relax.split")
 
 
 def _channels(expr: relax.Expr) -> int | None:
     """The static channel count of a rank-4 float32 tensor, else None."""
-    ty = expr.ty
+    return _type_channels(expr.ty)
+
+
+def _type_channels(ty) -> int | None:
+    """The static channel count of a rank-4 float32 tensor type, else None."""
     if not isinstance(ty, relax.TensorType) or ty.ndim != 4 or ty.dtype != "float32":
         return None
     values = getattr(ty.shape, "values", None) if ty.shape is not None else None
@@ -229,6 +234,8 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
             self.blocked: dict[relax.Var, tuple[relax.Var, int]] = {}
             self.plain: dict[relax.Var, relax.Var] = {}
             self.deferred: dict[relax.Var, relax.VarBinding] = {}
+            # Channel splits of blocked tensors: the split's tuple and each part's block.
+            self.blocked_tuples: dict[relax.Var, tuple[relax.Var, list[int]]] = {}
 
         def _plain(self, var: relax.Var) -> relax.Var:
             if var not in self.plain:
@@ -258,6 +265,8 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
 
         def visit_var_binding_(self, binding: relax.VarBinding) -> None:
             var = binding.var
+            if self._split_binding(var, binding.value):
+                return
             if var in shuffle_steps:  # decided at the shuffle's last step
                 self.deferred[var] = binding
                 return
@@ -271,11 +280,7 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
                 channels = _channels(source)
                 nhwc = self._blocked_arg(source, channels)
                 value = relax.op.take(nhwc, relax.const(permutation), axis=4)
-                self.blocked[var] = (self.builder_.emit(value, f"{var.name}_nhwc"), channels)
-                if var in analysis.used_outside:
-                    plain = self.builder_.normalize(_to_plain(self.blocked[var][0], channels))
-                    self.builder_.emit_normalized(relax.VarBinding(var, plain))
-                    self.plain[var] = var
+                self._keep_blocked(var, value, channels, f"{var.name}_nhwc")
                 return
             preferred_block = _block_of(_channels(var), preferred)
             found = (self._blocked_value(var, binding.value, preferred_block)
@@ -283,12 +288,59 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
             if found is None:
                 super().visit_var_binding_(binding)
                 return
-            value, block = found
-            self.blocked[var] = (self.builder_.emit(value, f"{var.name}_nc{block}c"), block)
+            self._keep_blocked(var, *found)
+
+        def _keep_blocked(self, var: relax.Var, value: relax.Expr, block: int,
+                          name: str | None = None) -> None:
+            """Bind ``value`` (``var`` in NCHW{block}c), with an NCHW copy under ``var``'s own
+            name when ``var`` is used outside its block."""
+            name = name or f"{var.name}_nc{block}c"
+            self.blocked[var] = (self.builder_.emit(value, name), block)
             if var in analysis.used_outside:
                 plain = self.builder_.normalize(_to_plain(self.blocked[var][0], block))
                 self.builder_.emit_normalized(relax.VarBinding(var, plain))
                 self.plain[var] = var
+
+        def _split_binding(self, var: relax.Var, value: relax.Expr) -> bool:
+            """A channel split of a blocked tensor, or a part of one, bound blocked; False for
+            any other binding.
+
+            The parts keep the input's block where each has whole blocks, else all go NHWC
+            (ShuffleNet's units split a shuffled NHWC tensor in halves of 24 or 58 channels).
+            Only a split whose every use is taking a part in its own block qualifies.
+            """
+            if isinstance(value, relax.TupleGetItem) and value.tuple_value in self.blocked_tuples:
+                parts, blocks = self.blocked_tuples[value.tuple_value]
+                self._keep_blocked(var, relax.TupleGetItem(parts, value.index),
+                                   blocks[int(value.index)])
+                return True
+            if not _is_call(value, _SPLIT) or self._block(value.args[0]) is None:
+                return False
+            if int(value.attrs.axis) % 4 != 1 or var in analysis.used_outside:
+                return False
+            consumers = analysis.consumers.get(var, [])
+            if analysis.uses.get(var, 0) != len(consumers) or not all(
+                    isinstance(analysis.value(c), relax.TupleGetItem)
+                    and c not in analysis.used_outside for c in consumers):
+                return False
+            channels = [_type_channels(ty) for ty in var.ty.fields]
+            if any(c is None for c in channels):
+                return False
+            data, block = value.args[0], self._block(value.args[0])
+            sections = value.attrs.indices_or_sections
+            if block != _channels(data) and all(c % block == 0 for c in channels):
+                split = (relax.op.split(self.blocked[data][0], int(sections), axis=1)
+                         if isinstance(sections, tirx.IntImm) else
+                         relax.op.split(self.blocked[data][0],
+                                        [int(i) // block for i in sections], axis=1))
+                blocks = [block] * len(channels)
+            else:
+                nhwc = self._blocked_arg(data, _channels(data))
+                split = relax.op.split(nhwc, int(sections) if isinstance(sections, tirx.IntImm)
+                                       else [int(i) for i in sections], axis=4)
+                blocks = channels
+            self.blocked_tuples[var] = (self.builder_.emit(split, f"{var.name}_parts"), blocks)
+            return True
 
         def _blocked_value(self, var: relax.Var, value: relax.Expr,
                            preferred_block: int) -> tuple[relax.Expr, int] | None:
