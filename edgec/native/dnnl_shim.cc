@@ -554,34 +554,40 @@ struct LayerNormEntry {
   MemoryPool memories;  // input, gamma, beta, output
 };
 
-// layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C]): each row of C normalized to
-// mean 0 and variance 1 (epsilon added to the variance), then scaled by gamma and shifted by beta.
-void LayerNorm(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon, DLTensor* dst) {
+// Rows of `src` (its last `trailing` dims, flattened) normalized to mean 0 and variance 1
+// (epsilon added to the variance), then scaled by gamma and shifted by beta where given.
+void Normalize(DLTensor* src, DLTensor* gamma, DLTensor* beta, int64_t trailing, double epsilon,
+               DLTensor* dst) {
   CheckFloat32(src, "edgec dnnl", "layer_norm input");
-  CheckFloat32(gamma, "edgec dnnl", "layer_norm gamma");
-  CheckFloat32(beta, "edgec dnnl", "layer_norm beta");
   CheckFloat32(dst, "edgec dnnl", "layer_norm output");
-  const int rank = src->ndim;
-  bool same = dst->ndim == rank && rank >= 1;
-  for (int i = 0; same && i < rank; ++i) same = src->shape[i] == dst->shape[i];
-  const int64_t channels = same ? src->shape[rank - 1] : -1;
-  if (!same || gamma->ndim != 1 || beta->ndim != 1 || gamma->shape[0] != channels ||
-      beta->shape[0] != channels) {
-    TVM_FFI_THROW(ValueError) << "edgec dnnl: layer_norm needs x and out [..., C], gamma and "
-                                 "beta [C]";
+  const bool affine = gamma != nullptr;
+  if (affine) {
+    CheckFloat32(gamma, "edgec dnnl", "layer_norm gamma");
+    CheckFloat32(beta, "edgec dnnl", "layer_norm beta");
   }
-  int64_t rows = 1;
-  for (int i = 0; i + 1 < rank; ++i) rows *= src->shape[i];
+  const int rank = src->ndim;
+  bool same = dst->ndim == rank && trailing >= 1 && trailing <= rank;
+  for (int i = 0; same && i < rank; ++i) same = src->shape[i] == dst->shape[i];
+  int64_t rows = 1, channels = 1;
+  for (int i = 0; same && i < rank; ++i) (i < rank - trailing ? rows : channels) *= src->shape[i];
+  if (!same || (affine && (gamma->ndim != 1 || beta->ndim != 1 ||
+                           gamma->shape[0] != channels || beta->shape[0] != channels))) {
+    TVM_FFI_THROW(ValueError) << "edgec dnnl: layer_norm needs x and out of one shape, gamma and "
+                                 "beta [C] for its last dim C";
+  }
   if (rows == 0 || channels == 0) return;
   ThreadsScope threads(rows * channels < kSerialElements);
   static PrimitiveCache<LayerNormEntry> cache;
   const float eps = static_cast<float>(epsilon);
   int64_t eps_bits = 0;
   std::memcpy(&eps_bits, &eps, sizeof(eps));
-  auto entry = cache.Get({rows, channels, eps_bits, threads.serial()}, [&]() {
+  auto entry = cache.Get({rows, channels, eps_bits, affine, threads.serial()}, [&]() {
+    const auto flags = affine ? dnnl::normalization_flags::use_scale |
+                                    dnnl::normalization_flags::use_shift
+                              : dnnl::normalization_flags::none;
     dnnl::layer_normalization_forward::desc desc(
         dnnl::prop_kind::forward_inference, memory::desc({rows, channels}, dt::f32, tag::ab), eps,
-        dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift);
+        flags);
     dnnl::layer_normalization_forward::primitive_desc pd(desc, Engine());
     auto entry = std::make_shared<LayerNormEntry>();
     entry->pd = pd;
@@ -591,19 +597,36 @@ void LayerNorm(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon, D
     return entry;
   });
   MemoryPool::Lease mem = entry->memories.Take();
-  Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
-                             {DNNL_ARG_SCALE, mem.Over(1, FloatData(gamma))},
-                             {DNNL_ARG_SHIFT, mem.Over(2, FloatData(beta))},
-                             {DNNL_ARG_DST, mem.Over(3, FloatData(dst))}});
+  if (affine) {
+    Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                               {DNNL_ARG_SCALE, mem.Over(1, FloatData(gamma))},
+                               {DNNL_ARG_SHIFT, mem.Over(2, FloatData(beta))},
+                               {DNNL_ARG_DST, mem.Over(3, FloatData(dst))}});
+  } else {
+    Execute(entry->primitive, {{DNNL_ARG_SRC, mem.Over(0, FloatData(src))},
+                               {DNNL_ARG_DST, mem.Over(3, FloatData(dst))}});
+  }
   Stream().wait();
 }
 
+// layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C]): each row of C normalized, then
+// scaled by gamma and shifted by beta.
 void LayerNormExport(DLTensor* src, DLTensor* gamma, DLTensor* beta, double epsilon,
                      DLTensor* dst) {
   try {
-    LayerNorm(src, gamma, beta, epsilon, dst);
+    Normalize(src, gamma, beta, 1, epsilon, dst);
   } catch (const dnnl::error& e) {
     TVM_FFI_THROW(RuntimeError) << "edgec dnnl layer_norm: " << e.what();
+  }
+}
+
+// standardize(x, trailing, epsilon, out): x's last `trailing` dims, as one row per index of the
+// others, normalized without scale or shift (instance and group norm before their affine).
+void StandardizeExport(DLTensor* src, int64_t trailing, double epsilon, DLTensor* dst) {
+  try {
+    Normalize(src, nullptr, nullptr, trailing, epsilon, dst);
+  } catch (const dnnl::error& e) {
+    TVM_FFI_THROW(RuntimeError) << "edgec dnnl standardize: " << e.what();
   }
 }
 
@@ -743,6 +766,9 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_softmax, SoftmaxExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_layer_norm)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_layer_norm, LayerNormExport);
+#endif
+#if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_standardize)
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_standardize, StandardizeExport);
 #endif
 #if !defined(EDGEC_ONLY_LISTED) || defined(EDGEC_EXPORT_edgec_dnnl_pool2d)
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(edgec_dnnl_pool2d, Pool2dExport);

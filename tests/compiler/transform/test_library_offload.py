@@ -3,6 +3,8 @@ and compared with the module it should become (IR only: nothing is compiled)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -389,3 +391,67 @@ def test_offload_sends_a_last_axis_layer_norm_to_the_library():
     tvm.ir.assert_structural_equal(Offload(DispatchRules())(_LayerNorms), _LayerNorms)
     with pytest.raises(ValueError, match="only the oneDNN shim"):
         DispatchRules(library="xnn", layer_norm=True)
+
+
+@I.ir_module
+class _Standardizations:
+    """Three standardizations over trailing axes (instance norm as TVM imports it, layer norm as
+    exported before opset 17, over [H, W]) and two that are not one: a mean over a leading axis,
+    and a centered tensor used again after."""
+
+    @R.function
+    def main(x: R.Tensor((1, 64, "t"), "float32"), image: R.Tensor((2, 8, 32, 32), "float32")):
+        t = T.int64()
+        with R.dataflow():
+            m1 = R.mean(x, axis=[2], keepdims=True)
+            d1 = R.subtract(x, m1)
+            v1 = R.variance(x, axis=[2], keepdims=True)
+            e1 = R.add(v1, R.const(1e-5, "float32"))
+            s1 = R.sqrt(e1)
+            instance = R.divide(d1, s1)
+            m2 = R.mean(x, axis=[-1], keepdims=True)
+            d2 = R.subtract(x, m2)
+            p2 = R.power(d2, R.const(2.0, "float32"))
+            v2 = R.mean(p2, axis=[-1], keepdims=True)
+            e2 = R.add(R.const(1e-12, "float32"), v2)
+            s2 = R.sqrt(e2)
+            layer = R.divide(d2, s2)
+            m3 = R.mean(image, axis=[2, 3], keepdims=True)
+            d3 = R.subtract(image, m3)
+            v3 = R.variance(image, axis=[2, 3], keepdims=True)
+            e3 = R.add(v3, R.const(1e-5, "float32"))
+            s3 = R.sqrt(e3)
+            spatial = R.divide(d3, s3)
+            m4 = R.mean(image, axis=[1], keepdims=True)
+            d4 = R.subtract(image, m4)
+            v4 = R.variance(image, axis=[1], keepdims=True)
+            e4 = R.add(v4, R.const(1e-5, "float32"))
+            s4 = R.sqrt(e4)
+            leading = R.divide(d4, s4)
+            m5 = R.mean(x, axis=[2], keepdims=True)
+            d5 = R.subtract(x, m5)
+            v5 = R.variance(x, axis=[2], keepdims=True)
+            e5 = R.add(v5, R.const(1e-5, "float32"))
+            s5 = R.sqrt(e5)
+            reused = R.divide(d5, s5)
+            again = R.add(reused, d5)
+            R.output(instance, layer, spatial, leading, again)
+        return instance, layer, spatial, leading, again
+
+
+def test_offload_sends_standardizations_over_trailing_axes_to_the_library():
+    out, stats = Offload(DispatchRules(layer_norm=True), stats := DispatchStats())(
+        _Standardizations), stats
+    text = out.script(show_meta=False)
+    assert stats.calls == {"edgec_dnnl_standardize": 3}
+    for name, source, trailing, eps in (("instance", "x", 1, 1e-5), ("layer", "x", 1, 1e-12),
+                                        ("spatial", "image", 2, 1e-5)):
+        found = re.search(rf'{name} = R.call_dps_packed\("edgec_dnnl_standardize", '
+                          rf'\({source}, {trailing}, T.float64\(([-+.e0-9]+)\)\)', text)
+        assert found and float(found.group(1)) == pytest.approx(eps, rel=1e-6), text
+    for gone in ("m1", "v2", "p2", "s3"):  # steps of the three
+        assert f"{gone}:" not in text
+    for kept in ("m4:", "v4:", "leading: R.Tensor((2, 8, 32, 32), dtype=\"float32\") = R.divide",
+                 "d5:", "reused: R.Tensor((1, 64, t), dtype=\"float32\") = R.divide"):
+        assert kept in text
+    tvm.ir.assert_structural_equal(Offload(DispatchRules())(_Standardizations), _Standardizations)

@@ -452,12 +452,13 @@ def test_missing_toolchain_is_a_one_line_error(tmp_path):
     assert "\n" not in str(info.value) and str(info.value).endswith("install libfoo-dev")
 
 
-def _compile(proto, name, samples, monkeypatch, block, tmp_path, settings=PlanSettings()):
-    """Build ``proto`` for the host through every stage, with activation blocks of ``block``."""
+def _compile(proto, name, samples, monkeypatch, block, tmp_path, settings=PlanSettings(),
+             rules=DispatchRules()):
+    """Build ``proto`` for the host through every stage, with ``rules`` (default: convolutions
+    and matmuls only) and activation blocks of ``block``."""
     model = from_proto(proto, name)
     target = load_target("x86_64")
-    monkeypatch.setattr(llvm, "dnnl_rules",
-                        lambda t: dataclasses.replace(DispatchRules(), block=block))
+    monkeypatch.setattr(llvm, "dnnl_rules", lambda t: dataclasses.replace(rules, block=block))
     artifact = build(model, plan(model, profile(model, samples), target, settings), [target])
     assert artifact.manifest["libraries"]["x86_64"]["native_dependencies"] == ["libdnnl.so.2"]
     path = tmp_path / f"{name}.edgec"
@@ -677,6 +678,45 @@ def test_compiled_channel_split_of_a_blocked_tensor_matches_onnxruntime(split, m
     model = _compile(proto, "split", [Sample("s0", {"x": x})], monkeypatch, 16, tmp_path)
     np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
                                rtol=1e-4, atol=1e-4)
+
+
+@needs_dnnl
+def test_compiled_instance_norm_and_written_out_layer_norm_match_onnxruntime(monkeypatch,
+                                                                            tmp_path):
+    """InstanceNormalization over a symbolic length, then a layer norm over channels written out
+    as opset 13 exporters do (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add): both
+    standardizations run in oneDNN, at the profiled length and another."""
+    rng = np.random.default_rng(7)
+    inits = {"scale": _weight(rng, 16), "bias": _weight(rng, 16), "gamma": _weight(rng, 16),
+             "beta": _weight(rng, 16), "two": np.array(2.0, np.float32),
+             "eps": np.array(1e-6, np.float32)}
+    nodes = [
+        helper.make_node("InstanceNormalization", ["x", "scale", "bias"], ["n"], epsilon=1e-5),
+        helper.make_node("Transpose", ["n"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("ReduceMean", ["t"], ["m"], axes=[-1]),
+        helper.make_node("Sub", ["t", "m"], ["d"]),
+        helper.make_node("Pow", ["d", "two"], ["p"]),
+        helper.make_node("ReduceMean", ["p"], ["v"], axes=[-1]),
+        helper.make_node("Add", ["v", "eps"], ["e"]),
+        helper.make_node("Sqrt", ["e"], ["s"]),
+        helper.make_node("Div", ["d", "s"], ["q"]),
+        helper.make_node("Mul", ["q", "gamma"], ["g"]),
+        helper.make_node("Add", ["g", "beta"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "norms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, "length"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, "length", 16])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    proto.ir_version = 8
+    x = rng.standard_normal((2, 16, 300)).astype(np.float32) * 3 + 1
+    model = _compile(proto, "norms", [Sample("s0", {"x": x})], monkeypatch, 16, tmp_path,
+                     rules=DispatchRules(layer_norm=True))
+    for length in (300, 257):
+        x = rng.standard_normal((2, 16, length)).astype(np.float32) * 3 + 1
+        np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def conv1d_model(seed: int = 0) -> onnx.ModelProto:

@@ -20,6 +20,8 @@ same arguments, its activations NCHW or NHWC as [N, 1, H, W, C] only::
     edgec_dnnl_batch_matmul(a[*batch, M, K], b[*batch, K, N], out[*batch, M, N])
     edgec_dnnl_softmax(x, axis, out)
     edgec_dnnl_layer_norm(x[..., C], gamma[C], beta[C], epsilon, out[..., C])
+    edgec_dnnl_standardize(x, k, epsilon, out)
+        out = (x - mean) / sqrt(variance + epsilon) over x's last k axes
     edgec_dnnl_pool2d(x, kind, kh, kw, sh, sw, pt, pl, out)
         kind 0 max, 1 average with the padding, 2 without; x, out blocked alike
     edgec_dnnl_resize2d(x, kind, out)
@@ -38,14 +40,15 @@ included) and leaving its input module unchanged:
 1. :func:`Canonicalize` (``canonicalize.py``), canonical forms: simple computations on constants
    are folded in numpy (the importer writes weights as ``broadcast_to``, Gemm's transposed
    weight, batch-norm parameters); inference batch norms become a multiply and an add;
-   ``sum(stack([a, b]))`` (ONNX Sum) becomes ``a + b``; ``broadcast_to`` a tensor's own shape and
-   inference dropout disappear.
+   ``sum(stack([a, b]))`` (ONNX Sum) becomes ``a + b``; ``broadcast_to`` a tensor's own shape,
+   inference dropout and slices of everything disappear.
 2. :func:`Offload` (``match.py``), library calls: a conv2d with a constant weight takes the
    per-channel affine ops after it (folded into weight and bias), then a residual add and an
    activation (``activation.py``: the exporter's chain of scalar ops, compared numerically with
    each activation's definition); a matmul with a constant weight takes its bias and activation;
-   attention's matmuls of two activations (``DispatchRules.batch_matmul``), softmax and
-   last-axis layer norm go alone (oneDNN only; tiny static ones stay TVM's). Every conv and dense
+   attention's matmuls of two activations (``DispatchRules.batch_matmul``), softmax,
+   last-axis layer norm and standardization over trailing axes (instance norm, layer norm
+   written out) go alone (oneDNN only; tiny static ones stay TVM's). Every conv and dense
    matmul goes to the library: TVM's untuned kernels lose by 60x and more, even on a 64x64 matmul
    (measured).
 3. :func:`PropagateLayout` (``layout.py``), library layout (``DispatchRules.block``): activations

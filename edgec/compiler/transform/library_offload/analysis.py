@@ -30,6 +30,10 @@ _DROPOUT = tvm.ir.Op.get("relax.nn.dropout")
 _STRIDED_SLICE = tvm.ir.Op.get("relax.strided_slice")
 _SOFTMAX = tvm.ir.Op.get("relax.nn.softmax")
 _LAYER_NORM = tvm.ir.Op.get("relax.nn.layer_norm")
+_MEAN = tvm.ir.Op.get("relax.mean")
+_VARIANCE = tvm.ir.Op.get("relax.variance")
+_SQRT = tvm.ir.Op.get("relax.sqrt")
+_POWER = tvm.ir.Op.get("relax.power")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Library patterns: convolutions and matmuls with constant weights, with the per-channel affine
-ops, residual add and activation after them; attention's batched matmuls, softmax and layer norm;
+ops, residual add and activation after them; attention's batched matmuls, softmax, layer norm and
+standardization (instance and group norm, layer norm written out in elementwise ops);
 rewritten into ``call_dps_packed`` calls of the shim that ``DispatchRules.library`` names."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from tvm import relax
 from edgec.compiler.ir import static_shape
 from edgec.compiler.transform.library_offload.analysis import (
     _ADD, _Analysis, _Binding, _CONV1D, _CONV2D, _DIVIDE, _equal_dims, _float32, _Group, _is_call,
-    _LAYER_NORM, _MATMUL, _MULTIPLY, _per_channel, _same_shape, _SOFTMAX, _SUBTRACT,
-    constant_value, weight_id)
+    _LAYER_NORM, _MATMUL, _MEAN, _MULTIPLY, _per_channel, _POWER, _same_shape, _SOFTMAX, _SQRT,
+    _SUBTRACT, _VARIANCE, constant_value, weight_id)
 from edgec.compiler.transform.library_offload.activation import find_activation
 from edgec.compiler.transform.library_offload.rules import (DispatchRules, DispatchStats,
                                                              activation_flags)
@@ -262,6 +263,90 @@ def _layer_norm_group(binding: _Binding, rules: DispatchRules,
     return _Group(tail=binding.var, drop={binding.var}, build=build)
 
 
+def _trailing_reduction(call: relax.Expr | None, op: tvm.ir.Op) -> tuple[relax.Expr, int] | None:
+    """``op`` (mean or variance) over the last k axes of a float32 tensor with kept dims: its
+    input and k, else None."""
+    if not _is_call(call, op) or not call.attrs.keepdims or call.attrs.axis is None:
+        return None
+    data = call.args[0]
+    if not _float32(data):
+        return None
+    rank = data.ty.ndim
+    axes = sorted(int(a) % rank for a in call.attrs.axis)
+    if not axes or axes != list(range(rank - len(axes), rank)):
+        return None
+    return data, len(axes)
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    value = constant_value(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def _standardize_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
+                       stats: DispatchStats) -> _Group | None:
+    """``(x - mean(x)) / sqrt(var(x) + eps)`` over x's last axes as one oneDNN normalization.
+
+    ONNX InstanceNormalization (GroupNorm as torch exports it) imports as mean and variance;
+    LayerNormalization before opset 17 is exported as ``mean((x - mean(x)) ** 2)``. Both ran as
+    serial TVM reductions (a fifth of wav2vec2's time). The affine after it stays elementwise.
+    """
+    centered, root = binding.value.args
+    sqrt = analysis.value(root)
+    if not _is_call(sqrt, _SQRT):
+        return None
+    shifted = analysis.value(sqrt.args[0])
+    if not _is_call(shifted, _ADD):
+        return None
+    variance_var, eps_expr = shifted.args
+    epsilon = _scalar(eps_expr)
+    if epsilon is None:
+        variance_var, eps_expr = eps_expr, variance_var
+        epsilon = _scalar(eps_expr)
+    subtract = analysis.value(centered)
+    if epsilon is None or not _is_call(subtract, _SUBTRACT):
+        return None
+    data, mean_var = subtract.args
+    mean = _trailing_reduction(analysis.value(mean_var), _MEAN)
+    if mean is None or not mean[0].same_as(data):
+        return None
+    inner = {mean_var, centered, variance_var, sqrt.args[0], root}
+    variance = _trailing_reduction(analysis.value(variance_var), _VARIANCE)
+    if variance is None:  # the written-out form: mean of the centered values squared
+        variance = _trailing_reduction(analysis.value(variance_var), _MEAN)
+        square_var = variance[0] if variance is not None else None
+        square = analysis.value(square_var)
+        if _is_call(square, _POWER) and _scalar(square.args[1]) == 2.0:
+            squared = square.args[0]
+        elif _is_call(square, _MULTIPLY) and square.args[0].same_as(square.args[1]):
+            squared = square.args[0]
+        else:
+            return None
+        if not squared.same_as(centered):
+            return None
+        inner.add(square_var)
+    elif not variance[0].same_as(data):
+        return None
+    if variance[1] != mean[1] or not _same_shape(data, binding.var) or _tiny(data, rules):
+        return None
+    for var in inner:  # every step used only by the next ones
+        consumers = analysis.consumers.get(var, [])
+        if (var in analysis.used_outside or analysis.uses.get(var, 0) != len(consumers)
+                or not set(consumers) <= inner | {binding.var}):
+            return None
+    name = rules.symbol("standardize")
+    stats.add(name)
+    trailing = mean[1]
+    out_ty = binding.var.ty
+
+    def build(visit, emit):
+        args = [visit(data), relax.prim_value(trailing),
+                relax.prim_value(tvm.tirx.FloatImm("float64", epsilon))]
+        return relax.call_dps_packed(name, args, out_ty)
+
+    return _Group(tail=binding.var, drop=inner | {binding.var}, build=build)
+
+
 def _library_groups(analysis: _Analysis, rules: DispatchRules,
                     stats: DispatchStats) -> list[_Group]:
     groups: list[_Group] = []
@@ -280,6 +365,8 @@ def _library_groups(analysis: _Analysis, rules: DispatchRules,
             group = _softmax_group(binding, rules, stats)
         elif rules.layer_norm and _is_call(binding.value, _LAYER_NORM):
             group = _layer_norm_group(binding, rules, stats)
+        elif rules.layer_norm and _is_call(binding.value, _DIVIDE):
+            group = _standardize_group(analysis, binding, rules, stats)
         if group is not None:
             groups.append(group)
             taken |= group.drop

@@ -56,8 +56,9 @@ class DispatchRules:
     dims (attention's scores and weighted values) goes to oneDNN's batched matmul; TVM's kernel
     for it ran ViT at 3.2x and the Whisper encoder at 10.6x onnxruntime's time. oneDNN only: the
     XNNPACK shim has no such function.
-    ``softmax``, ``layer_norm``: a float32 softmax (any axis), a layer norm over the last axis,
-    goes to oneDNN's kernel (vectorized, on oneDNN's threads), unless its shape is static and
+    ``softmax``, ``layer_norm``: a float32 softmax (any axis), a layer norm over the last axis
+    (or a standardization over trailing axes: instance norm, layer norm written out) goes to
+    oneDNN's kernel (vectorized, on oneDNN's threads), unless its shape is static and
     under ``norm_min_elements``. TVM's kernels run serial and scalar between library calls: its
     softmax took a third of the Whisper encoder's time. But a oneDNN call costs about 2 us more:
     TVM's softmax was faster up to about 6400 elements, its layer norm past 2560 (measured, 2
