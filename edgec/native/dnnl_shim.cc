@@ -642,7 +642,8 @@ struct PoolEntry {
 // pool2d(x, kind, kh, kw, sh, sw, pt, pl, out): max (kind 0) or average including (1) or
 // excluding (2) the padding, over kh x kw windows; x and out NCHW or blocked alike. The end
 // padding follows from the output's size (ceil mode makes it larger), at least 0: no window
-// reaches past it, so a larger one the model declared changes nothing.
+// reaches past it, so a larger one the model declared changes nothing. kh = kw = 0: one window
+// of the whole input (a global pool, also where its size is known only at run time).
 void Pool2d(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
             int64_t pt, int64_t pl, DLTensor* dst) {
   CheckFloat32(src, "edgec dnnl", "pool2d input");
@@ -650,6 +651,7 @@ void Pool2d(DLTensor* src, int64_t kind, int64_t kh, int64_t kw, int64_t sh, int
   const memory::desc src_md = ActivationDesc(src, "pool2d input");
   const memory::desc dst_md = ActivationDesc(dst, "pool2d output");
   const memory::dims in = src_md.dims(), out = dst_md.dims();
+  if (kh == 0 && kw == 0) kh = in[2], kw = in[3];
   const int64_t block = src->ndim == 5 ? src->shape[4] : 0;
   if (in[0] != out[0] || in[1] != out[1] || dst->ndim != src->ndim ||
       (block && dst->shape[4] != block) || kind < 0 || kind > 2) {

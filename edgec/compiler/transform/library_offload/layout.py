@@ -215,9 +215,10 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
     A library convolution writes NCHW{b}c, with b ``preferred`` where it divides the output
     channels, else all channels (NHWC as [N, 1, H, W, C]; ``preferred`` None: always NHWC,
     XNNPACK's layout). Ops that can run on blocked tensors of one block
-    (elementwise with per-channel or scalar constants, 2-D pooling, channel concat, spatial mean)
-    then run blocked in TVM; pooling and resizing (``relax.image.resize2d``) as calls of the
-    library's ``library["pool2d"]``, ``library["resize2d"]`` where given. Any other use
+    (elementwise with per-channel or scalar constants, 2-D pooling, channel concat and split,
+    spatial mean) then run blocked in TVM; pooling, spatial means (as global average pools) and
+    resizing (``relax.image.resize2d``) as calls of the library's ``library["pool2d"]``,
+    ``library["resize2d"]`` where given. Any other use
     of a blocked tensor gets a ``layout_transform`` back to NCHW before its first such use, or
     right after its binding when it is used outside its block, so the NCHW variable keeps its
     name and scope.
@@ -408,6 +409,11 @@ def _block_layout(func: relax.Function, preferred: int | None, mod: tvm.IRModule
                 axes = sorted(int(a) % 4 for a in value.attrs.axis) if value.attrs.axis else []
                 if axes != [2, 3] or not value.attrs.keepdims:
                     return None
+                if "pool2d" in library:  # a global average pool (kernel 0 x 0: all of it)
+                    ints = [1, 0, 0, 1, 1, 0, 0]
+                    return relax.call_dps_packed(
+                        library["pool2d"], [first, *(relax.prim_value(v) for v in ints)],
+                        _blocked_type(var.ty, block)), block
                 return relax.op.mean(first, axis=[2, 3], keepdims=True), block
             return None
 
