@@ -680,7 +680,7 @@ int64_t ScalarIndex(const ffi::Tensor& t, const char* what) {
   const DLTensor* d = t.GetDLTensorPtr();
   if (d->device.device_type != kDLCPU || d->dtype.code != kDLInt || d->dtype.bits != 64 ||
       NumElements(d) != 1) {
-    TVM_FFI_THROW(ValueError) << "edgec_rows: " << what << " is not one int64 on the CPU";
+    TVM_FFI_THROW(ValueError) << what << " is not one int64 on the CPU";
   }
   return *Elements<const int64_t>(t);
 }
@@ -693,8 +693,8 @@ ffi::Tensor RowsAppend(ffi::Tensor rows, ffi::Tensor row, ffi::Tensor index, ffi
   CheckCPUContiguous(row, "edgec_rows_append");
   const DLTensor* r = rows.GetDLTensorPtr();
   const DLTensor* v = row.GetDLTensorPtr();
-  int64_t at = ScalarIndex(index, "the row index");
-  int64_t capacity = ScalarIndex(rows_hint, "the row capacity");
+  int64_t at = ScalarIndex(index, "edgec_rows_append: the row index");
+  int64_t capacity = ScalarIndex(rows_hint, "edgec_rows_append: the row capacity");
   bool same_type = r->dtype.code == v->dtype.code && r->dtype.bits == v->dtype.bits &&
                    r->dtype.lanes == v->dtype.lanes;
   if (!same_type || r->ndim != v->ndim + 1 || at < 0) {
@@ -820,7 +820,7 @@ ffi::Tensor NonMaxSuppression(ffi::Tensor boxes, ffi::Tensor scores, ffi::Tensor
 // The first `count` rows of `rows`, without a copy: the loop's stacked output.
 ffi::Tensor RowsTake(ffi::Tensor rows, ffi::Tensor count) {
   const DLTensor* r = rows.GetDLTensorPtr();
-  int64_t n = ScalarIndex(count, "the row count");
+  int64_t n = ScalarIndex(count, "edgec_rows_take: the row count");
   if (n == r->shape[0]) return rows;
   if (n < 0 || n > r->shape[0]) {
     TVM_FFI_THROW(ValueError) << "edgec_rows_take: " << n << " rows of " << r->shape[0];
@@ -848,7 +848,7 @@ bool ScalarTruth(const ffi::Tensor& t) {
 void Loop(const ffi::AnyView* args, int32_t num_args, ffi::Any* result) {
   constexpr int kFixed = 5;
   if (num_args < kFixed) TVM_FFI_THROW(ValueError) << "edgec_loop: " << num_args << " arguments";
-  int64_t limit = ScalarIndex(args[2].cast<ffi::Tensor>(), "the trip limit");
+  int64_t limit = ScalarIndex(args[2].cast<ffi::Tensor>(), "edgec_loop: the trip limit");
   bool has_cond = args[3].cast<int64_t>() != 0;
   int64_t n_state = args[4].cast<int64_t>();
   if (n_state < (has_cond ? 2 : 1) || kFixed + n_state > num_args) {
@@ -861,7 +861,7 @@ void Loop(const ffi::AnyView* args, int32_t num_args, ffi::Any* result) {
   call[0] = args[0];
   call[1] = args[1];
   std::copy(args + kFixed + n_state, args + num_args, call.begin() + 2 + n_state);
-  while (ScalarIndex(state[0].cast<ffi::Tensor>(), "the iteration count") < limit &&
+  while (ScalarIndex(state[0].cast<ffi::Tensor>(), "edgec_loop: the iteration count") < limit &&
          (!has_cond || ScalarTruth(state[1].cast<ffi::Tensor>()))) {
     std::copy(state.begin(), state.end(), call.begin() + 2);
     ffi::Any next;
