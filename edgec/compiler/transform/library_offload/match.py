@@ -289,7 +289,7 @@ def _standardize_group(analysis: _Analysis, binding: _Binding, rules: DispatchRu
 
     ONNX InstanceNormalization (GroupNorm as torch exports it) imports as mean and variance;
     LayerNormalization before opset 17 is exported as ``mean((x - mean(x)) ** 2)``. Both ran as
-    serial TVM reductions (a fifth of wav2vec2's time). The affine after it stays elementwise.
+    serial TVM reductions (a fifth of wav2vec2's main-thread time). The affine after it stays elementwise.
     """
     centered, root = binding.value.args
     sqrt = analysis.value(root)
