@@ -578,21 +578,28 @@ def test_grouped_conv_runs_ungrouped_where_onednn_has_no_direct_kernel(monkeypat
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
     _compile(proto, "cnn", [Sample("s0", {"x": x})], monkeypatch, 8, tmp_path)
+    y, convs = _run_verbose(tmp_path / "cnn.edgec", x, tmp_path, ONEDNN_MAX_CPU_ISA="AVX2")
+    assert convs and not any(",g4mb" in line for line in convs)  # ungrouped: no g4 primitive
+    assert not any("gemm" in line for line in convs)
+    np.testing.assert_allclose(y, _reference(proto, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def _run_verbose(artifact: Path, x: np.ndarray, tmp_path: Path,
+                 **env: str) -> tuple[np.ndarray, list[str]]:
+    """Run ``artifact`` on input ``x`` in a fresh process with ONEDNN_VERBOSE=1 (and ``env``,
+    read by oneDNN when it loads): its output ``y`` and oneDNN's convolution lines, in order."""
     np.save(tmp_path / "x.npy", x)
     script = ("import sys, numpy as np, edgec.runtime as r; "
               "m = r.load(sys.argv[1]); "
               "np.save(sys.argv[3], m.run({'x': np.load(sys.argv[2])})['y'])")
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "ONEDNN_VERBOSE": "1",
+    env = {**os.environ, **env, "ONEDNN_VERBOSE": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cnn.edgec"),
+    result = subprocess.run([sys.executable, "-c", script, str(artifact),
                              str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     convs = [line for line in result.stdout.splitlines() if ",exec,cpu,convolution," in line]
-    assert convs and not any(",g4mb" in line for line in convs)  # ungrouped: no g4 primitive
-    assert not any("gemm" in line for line in convs)
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(proto, {"x": x}),
-                               rtol=1e-4, atol=1e-4)
+    return np.load(tmp_path / "y.npy"), convs
 
 
 def residual_block_model(seed: int = 0) -> onnx.ModelProto:
@@ -640,23 +647,12 @@ def test_wide_3x3_convolutions_run_winograd_with_the_residual_as_a_sum(block, mo
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 16, 12, 12)).astype(np.float32)
     _compile(proto, "block", [Sample("s0", {"x": x})], monkeypatch, block, tmp_path)
-    np.save(tmp_path / "x.npy", x)
-    script = ("import sys, numpy as np, edgec.runtime as r; "
-              "m = r.load(sys.argv[1]); "
-              "np.save(sys.argv[3], m.run({'x': np.load(sys.argv[2])})['y'])")
-    env = {**os.environ, "ONEDNN_VERBOSE": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "block.edgec"),
-                             str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    convs = [line for line in result.stdout.splitlines() if ",exec,cpu,convolution," in line]
+    y, convs = _run_verbose(tmp_path / "block.edgec", x, tmp_path)
     assert len(convs) == 3
     if _has_avx512():
         assert ["wino" in line for line in convs] == [False, True, False]
         assert "attr-post-ops:sum" in convs[1]
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), _reference(proto, {"x": x}),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, _reference(proto, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
 @needs_dnnl

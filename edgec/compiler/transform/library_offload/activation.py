@@ -19,7 +19,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgec.compiler.transform.library_offload.analysis import _Analysis, _Binding, constant_value
+from edgec.compiler.transform.library_offload.analysis import _Analysis, _Binding, scalar_constant
 
 Function = Callable[[np.ndarray], np.ndarray]
 
@@ -80,13 +80,6 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
         return bool(np.all(np.abs(a - b) <= 1e-5 * np.maximum(1.0, np.abs(b))))
 
 
-def _scalar(expr: relax.Expr) -> float | None:
-    array = constant_value(expr)
-    if array is None or array.size != 1 or array.dtype.kind != "f":
-        return None
-    return float(array.reshape(()))
-
-
 def _number(expr) -> float | None:
     """A literal bound (clip's are IntImm or FloatImm, or a PrimValue of one)."""
     for _ in range(2):
@@ -114,7 +107,7 @@ def _step(value: relax.Expr, var: relax.Var) -> Function | None:
         right = args[0].same_as(var)
         if not right and not args[1].same_as(var):
             return None
-        c = _scalar(args[1] if right else args[0])
+        c = scalar_constant(args[1] if right else args[0], float_only=True)
         if c is None:
             return None
         op = _BINARY[name]

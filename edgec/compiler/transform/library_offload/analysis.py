@@ -224,6 +224,15 @@ def constant_value(expr: relax.Expr) -> np.ndarray | None:
     return None
 
 
+def scalar_constant(expr: relax.Expr, float_only: bool = False) -> float | None:
+    """The value of a one-element tensor constant (of a float dtype with ``float_only``), else
+    None."""
+    array = constant_value(expr)
+    if array is None or array.size != 1 or (float_only and array.dtype.kind != "f"):
+        return None
+    return float(array.reshape(()))
+
+
 def _per_channel(array: np.ndarray, channels: int, rank: int, axis: int = 1) -> np.ndarray | None:
     """``array`` as a [channels] vector if it broadcasts along ``axis`` of a rank-``rank``
     tensor, else None."""

@@ -15,7 +15,7 @@ from edgec.compiler.ir import static_shape
 from edgec.compiler.transform.library_offload.analysis import (
     _ADD, _Analysis, _Binding, _CONV1D, _CONV2D, _DIVIDE, _equal_dims, _float32, _Group, _is_call,
     _LAYER_NORM, _MATMUL, _MEAN, _MULTIPLY, _per_channel, _POWER, _same_shape, _SOFTMAX, _SQRT,
-    _SUBTRACT, _VARIANCE, constant_value, weight_id)
+    _SUBTRACT, _VARIANCE, constant_value, scalar_constant, weight_id)
 from edgec.compiler.transform.library_offload.activation import find_activation
 from edgec.compiler.transform.library_offload.rules import (DispatchRules, DispatchStats,
                                                              activation_flags)
@@ -278,11 +278,6 @@ def _trailing_reduction(call: relax.Expr | None, op: tvm.ir.Op) -> tuple[relax.E
     return data, len(axes)
 
 
-def _scalar(expr: relax.Expr) -> float | None:
-    value = constant_value(expr)
-    return float(value.reshape(())) if value is not None and value.size == 1 else None
-
-
 def _standardize_group(analysis: _Analysis, binding: _Binding, rules: DispatchRules,
                        stats: DispatchStats) -> _Group | None:
     """``(x - mean(x)) / sqrt(var(x) + eps)`` over x's last axes as one oneDNN normalization.
@@ -299,10 +294,10 @@ def _standardize_group(analysis: _Analysis, binding: _Binding, rules: DispatchRu
     if not _is_call(shifted, _ADD):
         return None
     variance_var, eps_expr = shifted.args
-    epsilon = _scalar(eps_expr)
+    epsilon = scalar_constant(eps_expr)
     if epsilon is None:
         variance_var, eps_expr = eps_expr, variance_var
-        epsilon = _scalar(eps_expr)
+        epsilon = scalar_constant(eps_expr)
     subtract = analysis.value(centered)
     if epsilon is None or not _is_call(subtract, _SUBTRACT):
         return None
@@ -316,7 +311,7 @@ def _standardize_group(analysis: _Analysis, binding: _Binding, rules: DispatchRu
         variance = _trailing_reduction(analysis.value(variance_var), _MEAN)
         square_var = variance[0] if variance is not None else None
         square = analysis.value(square_var)
-        if _is_call(square, _POWER) and _scalar(square.args[1]) == 2.0:
+        if _is_call(square, _POWER) and scalar_constant(square.args[1]) == 2.0:
             squared = square.args[0]
         elif _is_call(square, _MULTIPLY) and square.args[0].same_as(square.args[1]):
             squared = square.args[0]
