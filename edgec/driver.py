@@ -24,6 +24,7 @@ from edgec import runtime
 from edgec.compiler.backends import backend_for
 from edgec.core import remote
 from edgec.core.model import Model, from_proto
+from edgec.core.quant_schemes import INTEGER_PRECISIONS
 from edgec.core.sequences import flatten as flatten_structured
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
@@ -243,13 +244,13 @@ def build_guarded(model: Model, the_plan: Plan, targets: list[Target], quant: Qu
                                            targets_chosen, dump_ir)
     if quant.settings.mode != "auto":
         return artifact, quant
-    integer = any(l["precision"] in ("int8-static", "int8-dynamic") for l in quant.layers)
+    integer = any(l["precision"] in INTEGER_PRECISIONS for l in quant.layers)
     # The guard's decision, then what else auto may pick: integer layers weight-only, and
     # (where the target and this CPU have bf16) every dense and conv layer in bf16.
     variants = {"integer" if integer else "weight-only": (artifact, quant)}
     if integer:
         variants["weight-only"] = _variant(
-            quant, ("int8-static", "int8-dynamic"), "int8-weight", model, the_plan, targets,
+            quant, INTEGER_PRECISIONS, "int8-weight", model, the_plan, targets,
             held_out, targets_chosen, dump_ir)
     if bf16_available(targets[0]) and any(l["kind"] != "embedding" for l in quant.layers):
         variants["bf16"] = _variant(

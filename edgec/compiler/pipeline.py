@@ -55,6 +55,7 @@ from edgec.compiler.transform.trusted_params import TrustedParams
 from edgec.compiler.transform.unique_vars import UniqueVars
 from edgec.compiler.tuning_database import open_database
 from edgec.core.model import Model
+from edgec.core.quant_schemes import integer_weight_levels
 from edgec.core.targets import Target
 from edgec.errors import CompileError, EdgecError, describe
 
@@ -166,7 +167,8 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
             raise CompileError(f"target '{target.name}': edgec's int8 kernels are oneDNN's (x86) "
                                f"and XNNPACK's (Arm); build '{target.name}' without --quantize "
                                f"(or with --quantize fp16)")
-        passes.append(Int8Lowering(quantized.proto, quantized, record.quantized_calls))
+        passes.append(Int8Lowering(quantized.proto, quantized, record.quantized_calls,
+                                   integer_weight_levels(target.arch, target.cpu_features)))
     elif quantized is not None and backend.fp16:
         passes.append(FP16(quantized.layers("fp16"), record.quantized_calls, target.name))
     passes.append(SplitWideConcats)

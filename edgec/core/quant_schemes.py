@@ -1,7 +1,8 @@
 """The arithmetic of edgec's int8 schemes, in numpy: the kernels and the simulation share it.
 
 Weights: int8, symmetric (zero point 0), one scale per output channel, ``scale = absmax / 127``
-(oneDNN's s8 weights need zero point 0). Embedding tables (Gather) use one scale per row and,
+(oneDNN's s8 weights need zero point 0); for integer (u8 x s8) layers on an x86 target without
+VNNI, ``absmax / 63`` (:func:`integer_weight_levels`). Embedding tables (Gather) use one scale per row and,
 with the asymmetric scheme, one zero point per row too.
 
 Activations: uint8 with a zero point, ``real = scale * (q - zero)``. Asymmetric: the calibrated
@@ -23,14 +24,35 @@ CALIBRATIONS = ("percentile", "minmax", "entropy")
 SCHEMES = ("asymmetric", "symmetric")
 
 
-def quantize_weight(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """``w`` as int8 with one symmetric scale per index of ``axis``: (int8 array, float32 scales)."""
+# The precisions whose layers multiply u8 activations by s8 weights (int8-weight computes fp32).
+INTEGER_PRECISIONS = ("int8-static", "int8-dynamic")
+WEIGHT_LEVELS = 127
+# x86 without VNNI multiplies u8 activations by s8 weights with vpmaddubsw, which sums each pair
+# of products into a saturating int16: 2 * 255 * 127 overflows it, 2 * 255 * 63 does not (what
+# oneDNN's int8 guide advises). The CPU features that add products in int32 instead:
+REDUCED_WEIGHT_LEVELS = 63
+VNNI_FEATURES = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def integer_weight_levels(arch: str, cpu_features: tuple[str, ...] | list[str]) -> int:
+    """The largest |int8| an integer layer's weight may take on a target of ``arch`` that
+    promises ``cpu_features`` (as /proc/cpuinfo names them): 63 on x86 without VNNI, else 127.
+    The simulation and the compiled weights must use the same."""
+    if arch.startswith("x86") and not any(f in cpu_features for f in VNNI_FEATURES):
+        return REDUCED_WEIGHT_LEVELS
+    return WEIGHT_LEVELS
+
+
+def quantize_weight(w: np.ndarray, axis: int,
+                    levels: int = WEIGHT_LEVELS) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` as int8 with one symmetric scale per index of ``axis``, over -levels..levels:
+    (int8 array, float32 scales)."""
     moved = np.moveaxis(w.astype(np.float32), axis, 0)
     absmax = np.abs(moved.reshape(moved.shape[0], -1)).max(axis=1)
-    scale = np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+    scale = np.where(absmax > 0, absmax / float(levels), 1.0).astype(np.float32)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(w / scale.reshape(shape)), -127, 127).astype(np.int8)
+    q = np.clip(np.rint(w / scale.reshape(shape)), -levels, levels).astype(np.int8)
     return q, scale
 
 

@@ -109,6 +109,17 @@ def _reference(model, samples):
     return [session.run(s.arrays) for s in samples]
 
 
+def _simulated(model, quant, target, samples):
+    """The outputs of ``quant``'s simulation on ``samples``, with ``target``'s int8 weight range
+    (the compiled kernels' arithmetic)."""
+    activations = {l["name"]: schemes.ActivationParams(**l["activation"])
+                   for l in quant.layers if l["activation"]}
+    proto = simulate.simulated_model(
+        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
+        activations, "asymmetric", schemes.integer_weight_levels(target.arch, target.cpu_features))
+    return simulate.run(proto, [s.arrays for s in samples])
+
+
 def _run(artifact, tmp_path, samples):
     compiled = load(artifact.save(tmp_path / "model.edgec"))
     return [compiled.run(s.arrays) for s in samples]
@@ -126,6 +137,21 @@ def test_weight_round_trip_is_within_half_a_step_per_channel():
     back = schemes.dequantize_weight(q, scale, axis=1)
     assert np.all(np.abs(back - w) <= scale / 2 + 1e-7)
     assert np.all(back[:, 4] == 0)  # an all-zero channel stays zero, without dividing by 0
+
+
+def test_integer_weights_are_7_bit_on_x86_without_vnni():
+    """vpmaddubsw (x86 int8 before VNNI) adds two u8 x s8 products in a saturating int16:
+    255 * 127 * 2 overflows it, 255 * 63 * 2 does not. Weights keep 8 bits where products add in
+    int32 (VNNI, AMX, Arm), and weight-only layers everywhere."""
+    avx2 = load_target("x86_64")
+    assert schemes.integer_weight_levels(avx2.arch, avx2.cpu_features) == 63
+    assert 2 * 255 * 63 <= np.iinfo(np.int16).max < 2 * 255 * 127
+    assert schemes.integer_weight_levels("x86_64", ("avx2", "avx512_vnni")) == 127
+    assert schemes.integer_weight_levels("aarch64", ("asimd",)) == 127
+    w = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    q, scale = schemes.quantize_weight(w, axis=1, levels=63)
+    assert np.abs(q).max() == 63
+    assert np.all(np.abs(schemes.dequantize_weight(q, scale, axis=1) - w) <= scale / 2 + 1e-7)
 
 
 def test_rows_asymmetric_beats_symmetric_on_shifted_rows():
@@ -243,13 +269,7 @@ def test_compiled_mode_is_close_to_fp32_and_matches_its_simulation(mode, min_cos
     result = accuracy.compare(reference, outputs)
     assert result["outputs"]["hidden"]["min_cosine"] >= min_cosine
     assert result["outputs"]["hidden"]["max_abs"] > 1e-5  # it really is quantized
-    precisions = {l["name"]: l["precision"] for l in quant.layers}
-    activations = {l["name"]: schemes.ActivationParams(**l["activation"])
-                   for l in quant.layers if l["activation"]}
-    simulated = simulate.run(simulate.simulated_model(
-        model.proto, find_layers(model.proto), precisions, activations, "asymmetric"),
-        [s.arrays for s in held_out])
-    agreement = accuracy.compare(simulated, outputs)
+    agreement = accuracy.compare(_simulated(model, quant, target, held_out), outputs)
     assert agreement["outputs"]["hidden"]["min_cosine"] >= 0.99999
 
 
@@ -265,9 +285,7 @@ def test_simulation_runs_on_opset_9_graphs(tmp_path):
         assert quant.accuracy["simulated"]["drop"] < 0.05
     assert [l["precision"] for l in quant.layers] == ["int8-weight"] * 2 + ["int8-dynamic"]
     outputs = _run(build_guarded(model, the_plan, [target], quant, held_out)[0], tmp_path, held_out)
-    simulated = simulate.run(simulate.simulated_model(
-        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
-        {}, "asymmetric"), [s.arrays for s in held_out])
+    simulated = _simulated(model, quant, target, held_out)
     assert accuracy.compare(simulated, outputs)["outputs"]["logits"]["min_cosine"] >= 0.99999
 
 
@@ -304,12 +322,7 @@ def test_batch_norm_folded_and_residual_convolutions_are_quantized_too(mode, tmp
     assert {f"edgec_q8_conv2d_{suffix}", f"edgec_q8_conv2d_add_{suffix}"} <= set(linked)
     assert not any(f.startswith("edgec_dnnl_conv2d") for f in linked)
     outputs = _run(artifact, tmp_path, held_out)
-    activations = {l["name"]: schemes.ActivationParams(**l["activation"])
-                   for l in quant.layers if l["activation"]}
-    simulated = simulate.run(simulate.simulated_model(
-        model.proto, find_layers(model.proto), {l["name"]: l["precision"] for l in quant.layers},
-        activations, "asymmetric"), [s.arrays for s in held_out])
-    assert accuracy.compare(simulated, outputs)["outputs"]["y"]["min_cosine"] >= 0.9999
+    assert accuracy.compare(_simulated(model, quant, target, held_out), outputs)["outputs"]["y"]["min_cosine"] >= 0.9999
 
 
 def _library_symbols_and_sections(artifact, tmp_path) -> tuple[set[str], set[str]]:

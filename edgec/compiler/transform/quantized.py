@@ -54,9 +54,11 @@ class _Quantized:
     """
 
     def __init__(self, layer: Layer, precision: str, array: np.ndarray, scheme: str,
-                 activation: dict[str, Any] | None) -> None:
+                 activation: dict[str, Any] | None, weight_levels: int) -> None:
         self.layer, self.precision, self.activation = layer, precision, activation
         self.array = array
+        self.levels = (weight_levels if precision in schemes.INTEGER_PRECISIONS
+                       else schemes.WEIGHT_LEVELS)
         self.axis = 1 if layer.kind == "dense" else 0  # of the compiled weight: [K, N] or OIHW
         # By the id of the fp32 weight a call holds: (int8 weight, scales, int8 weight id).
         self.forms: dict[int, tuple[relax.Expr, relax.Expr, int]] = {}
@@ -79,7 +81,7 @@ class _Quantized:
             if self.precision == "bf16":  # the call keeps its fp32 weight; oneDNN packs it
                 self.forms[key] = (relax.const(array), None, key)
                 return self.forms[key]
-            q, scale = schemes.quantize_weight(array, self.axis)
+            q, scale = schemes.quantize_weight(array, self.axis, self.levels)
             self.forms[key] = (relax.const(q), relax.const(scale), weight_id(q, scale))
         return self.forms[key]
 
@@ -157,7 +159,7 @@ class _Rewrite(relax.PyExprMutator):
         wid = relax.prim_value(identity)
         quant: list[relax.Expr] = []
         suffix = "w8"
-        if found.precision in ("int8-static", "int8-dynamic"):
+        if found.precision in schemes.INTEGER_PRECISIONS:
             if name.startswith("edgec_xnn_"):
                 raise CompileError(f"layer '{found.layer.name}': {found.precision} needs oneDNN's "
                                    f"integer kernels (x86); on XNNPACK targets use int8-weight")
@@ -200,10 +202,11 @@ class QuantizedLowering:
 
 
 def Int8Lowering(proto: onnx.ModelProto, lowering: QuantizedLowering,  # noqa: N802
-                 found: dict[str, int]) -> tvm.transform.Pass:
+                 found: dict[str, int], weight_levels: int) -> tvm.transform.Pass:
     """The pass that turns the library calls of ``lowering``'s quantized layers into int8 (or
     bf16) ones (module docstring). ``found`` receives per layer how many calls of the program it
-    rewrote (0: the layer was not found there and stays fp32)."""
+    rewrote (0: the layer was not found there and stays fp32). ``weight_levels``: the int8 range
+    of integer layers' weights on this target (``quant_schemes.integer_weight_levels``)."""
     arrays = initializer_arrays(proto)
 
     @tvm.transform.module_pass(opt_level=0, name="edgec.Int8Lowering")
@@ -215,7 +218,8 @@ def Int8Lowering(proto: onnx.ModelProto, lowering: QuantizedLowering,  # noqa: N
                 continue
             compiled = layer.compiled_weight(arrays[layer.weight])
             by_id[weight_id(compiled)] = _Quantized(
-                layer, decision["precision"], compiled, lowering.scheme, decision.get("activation"))
+                layer, decision["precision"], compiled, lowering.scheme, decision.get("activation"),
+                weight_levels)
         mod = rewrite_functions(_Rewrite(mod, by_id), mod)
         for quantized in by_id.values():
             found[quantized.layer.name] = found.get(quantized.layer.name, 0) + quantized.uses

@@ -56,7 +56,8 @@ from edgec.compiler.transform.quantized import QuantizedLowering
 from edgec.core.model import Model
 from edgec.core.provenance import tool_versions
 from edgec.core.quant_layers import Layer, PRECISIONS, find_layers
-from edgec.core.quant_schemes import ActivationParams, CALIBRATIONS, SCHEMES, activation_params
+from edgec.core.quant_schemes import (ActivationParams, CALIBRATIONS, SCHEMES, activation_params,
+                                      integer_weight_levels)
 from edgec.core.reference import reference_session
 from edgec.core.samples import Sample
 from edgec.core.targets import Target
@@ -275,6 +276,8 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
         raise CompileError(f"cannot quantize '{model.name}': the accuracy guard runs it with "
                            f"onnxruntime, which failed: {prof.reference_error}")
 
+    # As the target's kernels take integer layers' weights (7-bit on x86 without VNNI).
+    weight_levels = integer_weight_levels(target.arch, target.cpu_features)
     activations: dict[str, ActivationParams] = {}
     entries: dict[str, dict[str, Any]] = {}
     for layer in layers:
@@ -307,7 +310,7 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
 
     def evaluate(precisions: dict[str, str]) -> dict[str, Any]:
         proto = simulate.simulated_model(model.proto, layers, precisions, activations,
-                                         settings.scheme)
+                                         settings.scheme, weight_levels)
         return accuracy.compare(reference, simulate.run(proto, inputs), classifiers)
 
     def sensitivity(name: str) -> float:

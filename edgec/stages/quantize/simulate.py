@@ -29,15 +29,18 @@ from edgec.core.reference import reference_session
 Outputs = dict[str, np.ndarray]
 
 
-def fake_weight(layer: Layer, array: np.ndarray, scheme: str, precision: str = "int8") -> np.ndarray:
-    """The weight after its int8 (or fp16, bf16) round trip, as the compiled kernels will use it."""
+def fake_weight(layer: Layer, array: np.ndarray, scheme: str, precision: str = "int8",
+                weight_levels: int = schemes.WEIGHT_LEVELS) -> np.ndarray:
+    """The weight after its int8 (or fp16, bf16) round trip, as the compiled kernels will use it
+    (``weight_levels``: the integer layers' int8 range, ``schemes.integer_weight_levels``)."""
     if precision == "fp16":
         return array.astype(np.float16).astype(np.float32)
     if precision == "bf16":
         return bf16_round(array)
     if layer.kind == "embedding":
         return schemes.dequantize_rows(*schemes.quantize_rows(array, scheme))
-    q, scale = schemes.quantize_weight(array, layer.weight_axis)
+    levels = weight_levels if precision in schemes.INTEGER_PRECISIONS else schemes.WEIGHT_LEVELS
+    q, scale = schemes.quantize_weight(array, layer.weight_axis, levels)
     return schemes.dequantize_weight(q, scale, layer.weight_axis)
 
 
@@ -49,8 +52,10 @@ def bf16_round(array: np.ndarray) -> np.ndarray:
 
 
 def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions: dict[str, str],
-                    activations: dict[str, ActivationParams], scheme: str) -> onnx.ModelProto:
-    """A copy of ``proto`` with each layer's precision simulated."""
+                    activations: dict[str, ActivationParams], scheme: str,
+                    weight_levels: int = schemes.WEIGHT_LEVELS) -> onnx.ModelProto:
+    """A copy of ``proto`` with each layer's precision simulated (``weight_levels``: as the
+    target's integer kernels take their weights, ``schemes.integer_weight_levels``)."""
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     arrays = initializer_arrays(proto)
     by_name = {layer.name: layer for layer in layers}
@@ -63,7 +68,8 @@ def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions:
         if precision != "fp32":
             weight_name = f"{layer.weight}__edgec_q8_{node.name}"
             graph.initializer.append(numpy_helper.from_array(
-                fake_weight(layer, arrays[layer.weight], scheme, precision), weight_name))
+                fake_weight(layer, arrays[layer.weight], scheme, precision, weight_levels),
+                weight_name))
             slot = 0 if layer.kind == "embedding" else 1
             node.input[slot] = weight_name
             x = node.input[0]
@@ -75,7 +81,7 @@ def simulated_model(proto: onnx.ModelProto, layers: Sequence[Layer], precisions:
                 graph.node.append(helper.make_node("Cast", [half], [half + "_f32"],
                                                    to=onnx.TensorProto.FLOAT))
                 node.input[0] = half + "_f32"
-            if precision in ("int8-static", "int8-dynamic"):
+            if precision in schemes.INTEGER_PRECISIONS:
                 node.input[0] = _fake_quantize(graph, x, node.name, activations.get(node.name)
                                                if precision == "int8-static" else None)
         graph.node.append(node)
