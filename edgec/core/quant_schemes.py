@@ -2,8 +2,8 @@
 
 Weights: int8, symmetric (zero point 0), one scale per output channel, ``scale = absmax / 127``
 (oneDNN's s8 weights need zero point 0); for integer (u8 x s8) layers on an x86 target without
-VNNI, ``absmax / 63`` (:func:`integer_weight_levels`). Embedding tables (Gather) use one scale per row and,
-with the asymmetric scheme, one zero point per row too.
+VNNI, ``absmax / 63`` (:func:`integer_weight_levels`). Embedding tables (Gather) use one scale
+per row and, with the asymmetric scheme, one zero point per row too.
 
 Activations: uint8 with a zero point, ``real = scale * (q - zero)``. Asymmetric: the calibrated
 range [lo, hi], widened to hold 0 so that zero (padding) is exact, spread over 0..255. Symmetric:
