@@ -94,6 +94,36 @@ def test_canonicalize_drops_a_slice_of_everything_and_keeps_real_slices():
     tvm.ir.assert_structural_equal(Canonicalize()(Before), Expected)
 
 
+def test_canonicalize_drops_the_kernel_taps_that_read_only_padding():
+    """DeepLab's ASPP convolutions (dilation 24 and 36 on a 14x14 input) multiply padding with
+    every tap but the centre: the same convolution as 1x1 with the centre weights, exactly. A
+    dilation whose outer taps reach some input (2 on 4x4) keeps them all."""
+    w = np.random.default_rng(1).standard_normal((8, 8, 3, 3)).astype(np.float32)
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 8, 4, 4), "float32")):
+            with R.dataflow():
+                far = R.nn.conv2d(x, R.const(w), padding=[6, 6, 6, 6], dilation=[6, 6])
+                near = R.nn.conv2d(far, R.const(w), padding=[2, 2, 2, 2], dilation=[2, 2])
+                R.output(near)
+            return near
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 8, 4, 4), "float32")):
+            with R.dataflow():
+                far = R.nn.conv2d(x, R.const(w[:, :, 1:2, 1:2].copy()), padding=[0, 0, 0, 0],
+                                  dilation=[6, 6])
+                near = R.nn.conv2d(far, R.const(w), padding=[2, 2, 2, 2], dilation=[2, 2])
+                R.output(near)
+            return near
+
+    tvm.ir.assert_structural_equal(Canonicalize()(Before), Expected)
+
+
 def test_offload_makes_conv_bias_relu_one_library_call():
     @I.ir_module
     class Before:

@@ -1,7 +1,7 @@
 """Canonical forms the library patterns rely on: numpy folding of simple computations on
 constants, inference batch norm as a multiply and an add, ``sum(stack(...))`` as adds, and the
 identities (``broadcast_to`` a tensor's own shape, inference dropout, a slice of everything)
-removed."""
+removed, and the kernel taps of a dilated convolution that read only padding dropped."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from tvm import relax
 
 from edgec.compiler.ir import constant, static_shape
 from edgec.compiler.transform.library_offload.analysis import (_Analysis, _BATCH_NORM,
-                                                               _BROADCAST_TO, _DROPOUT, _float32,
+                                                               _BROADCAST_TO, _CONV2D, _DROPOUT,
+                                                               _float32,
                                                                _Group, _is_call, _same_shape,
                                                                _STACK, _STRIDED_SLICE, _SUM,
                                                                constant_value)
@@ -28,6 +29,50 @@ def _whole_slice(value: relax.Call, var: relax.Var) -> bool:
     begins = [_static_int(v) for v in begin.fields]
     steps = [] if strides is None else [_static_int(v) for v in strides.fields]
     return all(b == 0 for b in begins) and all(s == 1 for s in steps) and _same_shape(data, var)
+
+
+def _live_taps(size: int, out: int, kernel: int, stride: int, pad: int,
+               dilation: int) -> tuple[int, int]:
+    """The first and last kernel tap along one axis that some output position reads inside an
+    input of ``size`` (the taps outside that range read only padding)."""
+    live = [k for k in range(kernel)
+            if any(0 <= o * stride - pad + k * dilation < size for o in range(out))]
+    return (live[0], live[-1]) if live else (0, kernel - 1)
+
+
+def _live_conv(value: relax.Call, var: relax.Var):
+    """A builder of the same 2-D convolution without its kernel rows and columns that read only
+    padding, or None when every tap reads the input somewhere. DeepLab's ASPP convolutions
+    (dilation 24 and 36 on a 14x14 input) are then 1x1 convolutions: oneDNN ran them as 3x3
+    through its GEMM kernel, 9 ms each, with the outer taps multiplying zeros."""
+    data, weight = value.args
+    attrs = value.attrs
+    array = constant_value(weight)
+    shape, out_shape = static_shape(data), static_shape(var)
+    if (array is None or shape is None or out_shape is None or len(shape) != 4
+            or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW"):
+        return None
+    strides = [int(s) for s in attrs.strides]
+    dilation = [int(d) for d in attrs.dilation]
+    pads = [int(p) for p in attrs.padding]  # top, left, bottom, right
+    spans = [_live_taps(shape[2 + a], out_shape[2 + a], array.shape[2 + a], strides[a],
+                        pads[a], dilation[a]) for a in range(2)]
+    if all(first == 0 and last == array.shape[2 + a] - 1
+           for a, (first, last) in enumerate(spans)):
+        return None
+    begin = [pads[a] - spans[a][0] * dilation[a] for a in range(2)]
+    end = [pads[2 + a] - (array.shape[2 + a] - 1 - spans[a][1]) * dilation[a] for a in range(2)]
+    if min(begin + end) < 0:  # the output would need cropping, not padding: keep the taps
+        return None
+    live = array[:, :, spans[0][0]:spans[0][1] + 1, spans[1][0]:spans[1][1] + 1]
+
+    def build(visit, emit):
+        return relax.op.nn.conv2d(
+            visit(data), relax.const(np.ascontiguousarray(live)), strides, begin + end,
+            dilation, int(attrs.groups), "NCHW", "OIHW", attrs.out_layout,
+            attrs.out_dtype or None)
+
+    return build
 
 
 def _static_int(expr: relax.Expr) -> int | None:
@@ -52,6 +97,8 @@ def _canonical_groups(analysis: _Analysis) -> list[_Group]:
         bn_group = _batch_norm_group(analysis, var, value, lookup)
         if bn_group is not None:
             groups.append(bn_group)
+        elif _is_call(value, _CONV2D) and (live := _live_conv(value, var)) is not None:
+            groups.append(_Group(tail=var, drop=set(), build=live))
         elif var in analysis.used_outside:  # an alias would leave its block's scope: keep it
             pass
         elif (isinstance(value, relax.TupleGetItem) and int(value.index) == 0
