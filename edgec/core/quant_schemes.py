@@ -43,6 +43,12 @@ def integer_weight_levels(arch: str, cpu_features: tuple[str, ...] | list[str]) 
     return WEIGHT_LEVELS
 
 
+def layer_weight_levels(precision: str, integer_levels: int) -> int:
+    """The int8 range of a layer's weight at ``precision``: ``integer_levels`` (the target's,
+    :func:`integer_weight_levels`) for u8 x s8 layers; 127 for weight-only ones (fp32 sums)."""
+    return integer_levels if precision in INTEGER_PRECISIONS else WEIGHT_LEVELS
+
+
 def quantize_weight(w: np.ndarray, axis: int,
                     levels: int = WEIGHT_LEVELS) -> tuple[np.ndarray, np.ndarray]:
     """``w`` as int8 with one symmetric scale per index of ``axis``, over -levels..levels:

@@ -57,8 +57,7 @@ class _Quantized:
                  activation: dict[str, Any] | None, weight_levels: int) -> None:
         self.layer, self.precision, self.activation = layer, precision, activation
         self.array = array
-        self.levels = (weight_levels if precision in schemes.INTEGER_PRECISIONS
-                       else schemes.WEIGHT_LEVELS)
+        self.levels = schemes.layer_weight_levels(precision, weight_levels)
         self.axis = 1 if layer.kind == "dense" else 0  # of the compiled weight: [K, N] or OIHW
         # By the id of the fp32 weight a call holds: (int8 weight, scales, int8 weight id).
         self.forms: dict[int, tuple[relax.Expr, relax.Expr, int]] = {}

@@ -39,7 +39,7 @@ def fake_weight(layer: Layer, array: np.ndarray, scheme: str, precision: str = "
         return bf16_round(array)
     if layer.kind == "embedding":
         return schemes.dequantize_rows(*schemes.quantize_rows(array, scheme))
-    levels = weight_levels if precision in schemes.INTEGER_PRECISIONS else schemes.WEIGHT_LEVELS
+    levels = schemes.layer_weight_levels(precision, weight_levels)
     q, scale = schemes.quantize_weight(array, layer.weight_axis, levels)
     return schemes.dequantize_weight(q, scale, layer.weight_axis)
 

@@ -1,7 +1,7 @@
 """Canonical forms the library patterns rely on: numpy folding of simple computations on
 constants, inference batch norm as a multiply and an add, ``sum(stack(...))`` as adds, and the
 identities (``broadcast_to`` a tensor's own shape, inference dropout, a slice of everything)
-removed, and the kernel taps of a dilated convolution that read only padding dropped."""
+removed, and a convolution's kernel taps that read only padding dropped."""
 
 from __future__ import annotations
 
