@@ -155,6 +155,14 @@ def _plan_opts(func):
                         help="Predicted artifact size limit (0: none); needs a cost model.")(func)
     func = click.option("--compile-budget-s", default=0.0, show_default=True, type=float,
                         help="Predicted compile-time limit (0: none); needs a cost model.")(func)
+    func = click.option("--max-runtime-mb", default=0.0, show_default=True, type=float,
+                        help="Limit on the native libraries a device must hold to run the "
+                             "artifact (TVM's runtime, oneDNN...; 0: none): a budget that "
+                             "excludes the target's library runs every op as a TVM kernel.")(func)
+    func = click.option("--busy", default=0, show_default=True, type=int,
+                        help="CPU-bound processes expected beside the model on the device: "
+                             "auto then prices the library route and thread count as measured "
+                             "on a busy machine.")(func)
     func = click.option("--max-specializations", default=4, show_default=True, type=int,
                         help="At most this many shapes get a static function.")(func)
     func = click.option("--min-share", default=0.1, show_default=True, type=float,
@@ -304,8 +312,8 @@ def _note_reference_error(prof) -> None:
 @_out_opt("Where to write the plan (JSON).")
 def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
              max_specializations: int, min_share: float, max_artifact_mb: float,
-             compile_budget_s: float, samples_path: Path | None, explain: bool,
-             output: Path) -> None:
+             compile_budget_s: float, max_runtime_mb: float, busy: int,
+             samples_path: Path | None, explain: bool, output: Path) -> None:
     """Cut MODEL into regions and decide which shapes each runs specialized."""
     from edgec.core.model import load_model
     from edgec.stages.plan import PlanSettings
@@ -314,7 +322,8 @@ def plan_cmd(model: Path, profile_path: Path, target: str | None, policy: str,
     from edgec.core.samples import load_samples
     from edgec.driver import make_plan
 
-    settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s)
+    settings = PlanSettings(policy, max_specializations, min_share, max_artifact_mb,
+                            compile_budget_s, max_runtime_mb, busy)
     the_target = _targets_or_default((target,) if target else ())[0][0]
     loaded = load_model(model)
     samples = load_samples(samples_path, loaded) if samples_path is not None else None
@@ -430,7 +439,8 @@ def build_cmd(model: Path, plan_path: Path, targets: tuple[str, ...],
 @_out_opt("Where to write the artifact (.edgec).")
 def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], policy: str,
                 max_specializations: int, min_share: float, max_artifact_mb: float,
-                compile_budget_s: float, save_stages: Path | None,
+                compile_budget_s: float, max_runtime_mb: float, busy: int,
+                save_stages: Path | None,
                 quantize_mode: str, max_accuracy_drop: float, calibration: str, quant_scheme: str,
                 held_out_path: Path | None, dump_ir: Path | None, model_name: str | None,
                 sign_key: Path | None, output: Path) -> None:
@@ -449,7 +459,8 @@ def compile_cmd(model: Path, samples: _SampleSource, targets: tuple[str, ...], p
     if not target_list:
         _say_default(default_targets()[0][0])
     settings = CompileSettings(
-        PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s),
+        PlanSettings(policy, max_specializations, min_share, max_artifact_mb, compile_budget_s,
+                     max_runtime_mb, busy),
         QuantizeSettings(quantize_mode, max_accuracy_drop, calibration, quant_scheme),
         dump_ir=dump_ir)
     settings.check()
@@ -788,20 +799,37 @@ _costmodel_target = click.option(
               help="Batches per option, interleaved; the least batch median is kept.")
 @click.option("--max-specializations", default=3, show_default=True, type=int,
               help="Hot shapes compiled static per region.")
+@click.option("--execution", is_flag=True,
+              help="Time whole models under each execution option (library route or TVM "
+                   "kernels only; every core or one thread), quiet and beside as many busy "
+                   "processes as cores, instead of regions under each shape option.")
+@click.option("--model-dir", "model_dirs", multiple=True, type=click.Path(path_type=Path),
+              help="With --execution: also a folder holding model.onnx and samples/ (repeat).")
 def costmodel_collect(target: str | None, models: str, passes: int, runs: int, batches: int,
-                      max_specializations: int) -> None:
+                      max_specializations: int, execution: bool,
+                      model_dirs: tuple[Path, ...]) -> None:
     """Time the zoo's regions under each option; append to the target's measurement store."""
-    from edgec.driver import kernels_on_calling_thread
-
-    kernels_on_calling_thread()
-    from edgec.tools.costmodel.collect import collect
     from edgec.costmodel.store import measurements_path
 
     if passes < 1 or runs < 1 or batches < 1:
         raise EdgecError("--passes, --runs and --batches must be at least 1")
     loaded = _target_or_default(target)
     names = [n.strip() for n in models.split(",") if n.strip()] or None
-    collect(loaded, names, passes, max_specializations, runs, batches, progress=click.echo)
+    if execution:
+        from edgec.tools.costmodel.collect import execution_cases
+        from edgec.tools.costmodel.collect_execution import collect_execution
+
+        collect_execution(loaded, execution_cases(names, list(model_dirs)), passes,
+                          progress=click.echo)
+    elif model_dirs:
+        raise EdgecError("--model-dir is for --execution; region timings use the zoo")
+    else:
+        from edgec.driver import kernels_on_calling_thread
+
+        kernels_on_calling_thread()
+        from edgec.tools.costmodel.collect import collect
+
+        collect(loaded, names, passes, max_specializations, runs, batches, progress=click.echo)
     click.echo(f"appended to {measurements_path(loaded)}")
 
 
@@ -832,10 +860,14 @@ def costmodel_train(target: str | None, output: Path | None) -> None:
                                                           "calibration suite's).")
 @click.option("--max-specializations", default=3, show_default=True, type=int,
               help="At most this many shapes per region get a static function in each plan.")
+@click.option("--execution", is_flag=True,
+              help="Evaluate the execution prices (library route, threads) on the models timed "
+                   "by `collect --execution` instead: auto's pick against the oracle, the hand "
+                   "rules and each fixed option (default --holdout: every such model).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Also write the result: NAME.json and NAME.md.")
 def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializations: int,
-                   output: Path | None) -> None:
+                   execution: bool, output: Path | None) -> None:
     """Leave-one-model-out: Spearman, MAPE and each policy's measured expected latency."""
     from edgec import zoo
     from edgec.tools.costmodel.evaluate import evaluate, render
@@ -845,6 +877,22 @@ def costmodel_eval(target: str | None, holdout: tuple[str, ...], max_specializat
 
     loaded = _target_or_default(target)
     rows = load_measurements(loaded)
+    if execution:
+        from edgec.tools.costmodel.evaluate_execution import evaluate_execution, render_execution
+
+        timed = sorted({r["model"] for r in rows if r.get("kind") == "execution"
+                        and r["target"] == loaded.name})
+        missing = [n for n in holdout if n not in timed]
+        if not timed or missing:
+            raise EdgecError(f"no execution timings of {', '.join(missing) or 'any model'} for "
+                             f"target '{loaded.name}'; run `edgec costmodel collect --execution`")
+        result = evaluate_execution(loaded, rows, list(holdout) or timed)
+        table = render_execution(result)
+        if output is not None:
+            write_text(output.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
+            write_text(output.with_suffix(".md"), table)
+        click.echo(table)
+        return
     measured_models = sorted({r["model"] for r in rows if r.get("kind") == "region"})
     # By default the zoo's models measured (a bench of another model adds rows too), less the
     # calibration suite: training data, not models a plan is judged on.

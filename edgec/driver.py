@@ -159,7 +159,8 @@ def _build(model: Model, the_plan: Plan, targets: list[Target], quant: Quantizat
 def _simpler_plans(model: Model, prof: Profile, the_plan: Plan, target: Target) -> list[Plan]:
     """Plans that build more often than ``the_plan``, simplest last: every region symbolic, then
     also no input compiled as a fixed value. Empty when ``the_plan`` is already that simple."""
-    symbolic = plan(model, prof, target, replace(the_plan.settings, policy="symbolic"))
+    symbolic = replace(plan(model, prof, target, replace(the_plan.settings, policy="symbolic")),
+                       execution=the_plan.execution)  # the execution the plan chose stays
     plans = []
     specialized = any(r.specializations for r in the_plan.regions)
     if specialized:

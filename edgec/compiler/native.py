@@ -30,6 +30,11 @@ XNNPACK_PACKAGES = {"xnnpack.h": "libxnnpack-dev:arm64", "XNNPACK": "libxnnpack-
 XNNPACK_INSTALL = ("dpkg --add-architecture arm64 && apt-get update && apt-get install "
                    "libxnnpack-dev:arm64 libpthreadpool-dev:arm64 "
                    "(or scripts/install-system-deps.sh cross)")
+# The shared libraries a device needs for each library route (a target file's [libraries]
+# key): what its shim links, and what a plan's --max-runtime-mb counts. Debian's oneDNN runs on
+# OpenMP threads (libgomp).
+ROUTE_DEPENDENCIES = {"dnnl": ("libdnnl.so.2", "libgomp.so.1"),
+                      "xnnpack": ("libXNNPACK.so.0", "libpthreadpool.so.0")}
 _CXX_FLAGS = ["-std=c++17", "-O2", "-fPIC", "-DNDEBUG"]
 # Options for linking a model library. TVM's LLVM code generator writes DWARF for every kernel
 # (the zoo transformer's library: 300 KB of .debug_* sections of 1.48 MB, 67 KB of its 780 KB
@@ -81,7 +86,7 @@ def dnnl_shim(compiler: str = "g++", functions: Iterable[str] | None = None) -> 
         header="dnnl.hpp", defines=only_exports(functions),
     )
     _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
-    return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ("libdnnl.so.2",))
+    return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ROUTE_DEPENDENCIES["dnnl"])
 
 
 def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++",
@@ -103,7 +108,7 @@ def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++",
     for library in ("XNNPACK", "pthreadpool"):
         _check_library(compiler, library, hints[library])
     return NativeAddon("xnnpack", (str(obj),), ("-lXNNPACK", "-lpthreadpool"),
-                       ("libXNNPACK.so.0", "libpthreadpool.so.0"))
+                       ROUTE_DEPENDENCIES["xnnpack"])
 
 
 def runtime_kernels(compiler: str = "g++", functions: Iterable[str] | None = None) -> NativeAddon:
@@ -135,7 +140,7 @@ def int8_addon(compiler: str = "g++", functions: tuple[str, ...] | None = None) 
         header="dnnl.hpp",
         defines=(f"EDGEC_Q8_{part.upper()}", *only_exports(functions)))) for part in parts)
     _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
-    return NativeAddon("dnnl_int8", objects, ("-ldnnl",), ("libdnnl.so.2",))
+    return NativeAddon("dnnl_int8", objects, ("-ldnnl",), ROUTE_DEPENDENCIES["dnnl"])
 
 
 # The prefixes of the functions each addon defines, in link order: the library shims (whose calls

@@ -69,11 +69,14 @@ class Options:
 
     ``native_loops``: the importer may use edgec's CPU kernels (recurrent time loop, rows
     appended in place) — only when every target's backend can call them. ``quantized``: the
-    quantize stage's decision, or None for fp32.
+    quantize stage's decision, or None for fp32. ``library``: the plan's execution route; False
+    keeps every op a TVM kernel even where the target enables a library (a device without room
+    for oneDNN, or a model too small to gain from its calls).
     """
 
     native_loops: bool = True
     quantized: QuantizedLowering | None = None
+    library: bool = True
 
 
 @dataclass
@@ -146,10 +149,16 @@ def _tvm_lowering(kind: str):
             "gpu": relax.backend.gpu_generic.pipeline}[kind]
 
 
+def library_rules(backend: Backend, target: Target, options: Options):
+    """What goes to the target's library in this build: the backend's rules for the target, or
+    None when the target enables no library or the plan routes every op to TVM."""
+    return backend.library_rules(target) if options.library else None
+
+
 def prepare_passes(backend: Backend, target: Target, options: Options, record: Record) -> list:
     """The Relax rewrites before TVM legalizes: what edgec decides about the program."""
     passes = [UniqueVars]
-    rules = backend.library_rules(target)
+    rules = library_rules(backend, target, options)
     quantized = options.quantized
     int8 = quantized is not None and quantized.mode != "fp16"
     if rules is not None:
@@ -279,7 +288,7 @@ def compile(mod: tvm.IRModule, target: Target, options: Options = Options(),  # 
     tvm_target = backend.tvm_target(target)
     # Checked first: linking is the last step, after minutes of compiling.
     backend.check_toolchain(target)
-    rules = backend.library_rules(target)
+    rules = library_rules(backend, target, options)
     compiler = target.cross_compiler or "g++"
     if rules is not None:
         native.ROUTE_SHIMS[_route(target, backend)](compiler)  # fails now, in one line, if missing

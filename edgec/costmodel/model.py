@@ -15,7 +15,8 @@ import numpy as np
 
 from edgec.core.locations import read_file, user_file
 from edgec.core.targets import Target
-from edgec.costmodel import learn
+from edgec.costmodel import execution, learn
+from edgec.costmodel.execution import ExecutionPrices
 from edgec.costmodel.features import FEATURE_NAMES, vector
 from edgec.costmodel.store import COSTMODEL_FILE
 from edgec.errors import StageInputError
@@ -34,6 +35,8 @@ class CostModel:
     feature_names: list[str]
     compile: dict[str, list[float]]
     training: dict[str, Any] = field(default_factory=dict)
+    # The execution options' prices (``execution.fit``): empty when none were measured.
+    execution: dict[str, Any] = field(default_factory=dict)
 
     def predict_ms(self, features: list[Mapping[str, float]]) -> np.ndarray:
         if not features:
@@ -53,13 +56,18 @@ class CostModel:
         return save_json_value(path, "costmodel", COSTMODEL_VERSION, {
             "target": self.target, "feature_names": self.feature_names,
             "latency": self.learner.to_json(), "compile": self.compile, "training": self.training,
+            "execution": self.execution,
         })
+
+    def execution_prices(self) -> ExecutionPrices | None:
+        """The learned prices of the execution options, or None when none were measured."""
+        return ExecutionPrices(self.execution) if self.execution else None
 
     @classmethod
     def load(cls, path: str | Path) -> "CostModel":
         doc = load_json_value(path, "costmodel", COSTMODEL_VERSION)
         return cls(doc["target"], learn.from_json(doc["latency"]), doc["feature_names"],
-                   doc["compile"], doc.get("training", {}))
+                   doc["compile"], doc.get("training", {}), doc.get("execution", {}))
 
 
 def default_path(target: Target | str) -> Path:
@@ -84,9 +92,11 @@ def load_for(target: Target) -> CostModel:
     return CostModel.load(path)
 
 
-def fit(rows: list[dict[str, Any]], builds: list[dict[str, Any]], target: str) -> CostModel:
+def fit(rows: list[dict[str, Any]], builds: list[dict[str, Any]], target: str,
+        execution_rows: list[dict[str, Any]] = ()) -> CostModel:
     """Fit on measurement ``rows`` (with ``features`` and ``ms``) and ``builds`` (with
-    ``node_copies``, ``compile_s``, ``library_bytes``)."""
+    ``node_copies``, ``compile_s``, ``library_bytes``), and the execution options' prices on
+    ``execution_rows`` (``execution.fit``)."""
     if not rows:
         raise StageInputError(f"no region measurements for target '{target}' to train on")
     names = list(FEATURE_NAMES)
@@ -101,7 +111,8 @@ def fit(rows: list[dict[str, Any]], builds: list[dict[str, Any]], target: str) -
     }
     training = {"rows": len(rows), "builds": len(builds), "models": sorted(set(groups)),
                 "learner": selection.learner, "held_out": selection.held_out}
-    return CostModel(target, learner, names, compile_fit, training)
+    return CostModel(target, learner, names, compile_fit, training,
+                     execution.fit(execution_rows) if execution_rows else {})
 
 
 def log_ratio_noise(pairs: list[tuple[float, float]]) -> float:

@@ -420,13 +420,14 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     Every check (format version, member paths, checksums and, when ``require_signature`` names a
     public key (a file, PEM or raw bytes), the artifact's Ed25519 signature by that key) runs
     before native code is loaded.
-    ``threads`` sets the VM's thread pool (default: every core available to the process) and only
-    takes effect for the first model loaded in a process.
+    ``threads`` sets the VM's thread pool (default: the count the plan chose, else every core
+    available to the process) and only takes effect for the first model loaded in a process.
     """
     artifact = open_artifact(path, require_signature)
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
-    threads = threads or _default_threads()
+    # The plan's choice (0: every core) unless the caller names a count.
+    threads = threads or manifest["libraries"][chosen].get("threads") or _default_threads()
     # A library whose TVM kernels were compiled serial gets a one-thread TVM pool (codegen's
     # CompiledLibrary.tvm_kernels_parallel).
     serial = manifest["libraries"][chosen].get("tvm_kernels_parallel", True) is False

@@ -38,6 +38,7 @@ from edgec.costmodel.features import region_features
 from edgec.costmodel.store import append_measurements
 from edgec.errors import EdgecError
 from edgec.fileio import load_json_value, save_json_value
+from edgec.runtime.footprint import runtime_footprint
 from edgec.stages.build import build
 from edgec.stages.plan import Plan, PlanSettings, Region, check_matches
 
@@ -175,29 +176,13 @@ def git_commit() -> str:
     return result.stdout.strip() if result.returncode == 0 else ""
 
 
-def _find_shared_library(name: str) -> Path | None:
-    """Where the dynamic loader would find ``name`` (e.g. ``libdnnl.so.2``), from ldconfig's cache."""
-    try:
-        listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    for line in listing.splitlines():
-        if line.strip().startswith(name + " ") and "=>" in line:
-            return Path(line.split("=>", 1)[1].strip())
-    return None
-
-
-def runtime_footprint(library: dict[str, Any]) -> dict[str, int]:
-    """Bytes of the shared libraries a device needs to run this library, by file name."""
-    import tvm_ffi.libinfo
-
-    files = {path.name: path for path in runtime.runtime_libraries()}
-    files["libtvm_ffi.so"] = Path(tvm_ffi.libinfo.find_libtvm_ffi())
-    for dependency in library.get("native_dependencies", []):
-        found = _find_shared_library(dependency)
-        if found is not None:
-            files[dependency] = found
-    return {name: path.resolve().stat().st_size for name, path in files.items() if path.exists()}
+def _planned_threads(artifact_path: str | Path, target: str | None, require_signature: Any) -> int:
+    """The thread count the artifact's plan chose for ``target``'s library (0: none chosen, run
+    on the bench's): auto may choose one thread where a second only costs wake-ups."""
+    manifest = runtime.open_artifact(artifact_path, require_signature).manifest
+    name = load_target(target).name if target and target.endswith(".toml") else target
+    chosen = runtime.select_target(manifest, name, str(artifact_path))
+    return int(manifest["libraries"][chosen].get("threads") or 0)
 
 
 def top1_agreement(actual: list[dict[str, np.ndarray]], expected: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -377,7 +362,8 @@ def bench(
 ) -> BenchResult:
     """Benchmark the artifact at ``artifact_path`` against baselines running ``model``.
 
-    ``model`` must be the model the artifact was built from. Each system runs every sample
+    ``model`` must be the model the artifact was built from. edgec runs on the thread count its
+    plan chose, where it chose one (``costmodel.execution``). Each system runs every sample
     ``warmup`` times unmeasured, then ``runs`` times measured; systems run one after the other,
     edgec first, all beside ``settings.busy`` CPU-bound background processes. The reference is
     always measured, and accuracy and the ratio are against it: ``onnxruntime``
@@ -403,9 +389,10 @@ def bench(
                      f"running it eagerly"
                      + (f"; not run, for want of an ONNX model: {', '.join(dropped)}"
                         if dropped else ""))
+    edgec_threads = _planned_threads(artifact_path, target, require_signature) or settings.threads
     start = time.perf_counter()
     # Where the target file says: here, on a device behind an RPC tracker, or under qemu.
-    compiled = remote.load(artifact_path, target=target, threads=settings.threads,
+    compiled = remote.load(artifact_path, target=target, threads=edgec_threads,
                            require_signature=require_signature)
     load_ms = (time.perf_counter() - start) * 1e3
     check_matches(model, compiled.manifest["model"]["sha256"], "build")
@@ -454,7 +441,8 @@ def bench(
             "ratio_p50": _ratio(stats["edgec"], stats[reference]),
         })
     library = compiled.manifest["libraries"][compiled.target]
-    footprint = runtime_footprint(library)
+    footprint = runtime_footprint(library.get("native_dependencies", []),
+                                  library.get("arch"))
     data = {
         "model": compiled.manifest["model"]["name"],
         "artifact": str(artifact_path),
@@ -480,7 +468,8 @@ def bench(
         "quantization": compiled.manifest.get("quantization", {"mode": "none"}),
         "settings": vars(settings),
         "samples": len(samples),
-        "machine": {**machine_info(), "threads": settings.threads},
+        "machine": {**machine_info(), "threads": settings.threads,
+                    "edgec_threads": edgec_threads},
         "versions": tool_versions(),
         "git_commit": git_commit(),
     }

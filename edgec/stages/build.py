@@ -15,6 +15,7 @@ from edgec.core.model import Model, from_proto
 from edgec.core.provenance import tool_versions
 from edgec.core.regions import RegionCut, region_model
 from edgec.core.targets import Target
+from edgec.costmodel.execution import chosen_option
 from edgec.errors import EdgecError, ModelError, describe
 from edgec.runtime.artifact import Artifact, FORMAT_VERSION, sha256_hex
 from edgec.runtime.signature import TensorSpec
@@ -115,8 +116,14 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     functions = _functions(plan)
     # edgec's native loops (recurrent layers) run on the CPU: not in a module built for a GPU.
     native_loops = all(backend_for(target).native_kernels for target in targets)
-    options = pipeline.Options(native_loops=native_loops,
-                               quantized=quantization.lowering(model.proto) if active else None)
+    route = chosen_option(plan.execution)
+    lowering = quantization.lowering(model.proto) if active else None
+    if route.route == "tvm" and lowering is not None and lowering.mode != "fp16":
+        raise EdgecError(f"the plan runs every op as a TVM kernel ({plan.execution['reason']}), "
+                         f"but edgec's int8 and bf16 layers are library calls; quantize with "
+                         f"fp16 or none, or plan with a larger --max-runtime-mb")
+    options = pipeline.Options(native_loops=native_loops, quantized=lowering,
+                               library=route.route == "library")
     dump = pipeline.DumpIR(dump_ir) if dump_ir is not None else None
     if plan.multi_region:
         inputs = list(model.inputs)  # the plan keeps a model with fixed inputs whole
@@ -173,6 +180,8 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "tvm_kernels_parallel": library.tvm_kernels_parallel,
             "vm_exec_mode": library.vm_exec_mode,
             "linked_functions": library.linked_functions,
+            # The plan's thread count (0: every core), the runtimes' default.
+            "threads": route.threads,
         }
     if active:
         quantization = quantization.as_compiled(quantized_calls)

@@ -38,7 +38,7 @@ from edgec.core.model import Model
 from edgec.core.provenance import tool_versions
 from edgec.core.regions import RegionCut, cut_regions, region_dims, region_model
 from edgec.core.targets import Target
-from edgec.costmodel import decide
+from edgec.costmodel import decide, execution
 from edgec.costmodel.features import loop_trips, region_features
 from edgec.costmodel.model import CostModel, default_path, load_for
 from edgec.errors import EdgecError, StageInputError
@@ -59,6 +59,11 @@ class PlanSettings:
     min_share: float = 0.1
     max_artifact_mb: float = 0.0
     compile_budget_s: float = 0.0
+    # The native libraries a device must hold (TVM's runtime, oneDNN...), in MB; 0: no limit.
+    max_runtime_mb: float = 0.0
+    # CPU-bound processes expected beside the model on the device: auto prices the execution
+    # options (route, threads) as measured beside as many as the target's cores when above 0.
+    busy: int = 0
 
     def check(self) -> None:
         if self.policy not in POLICIES:
@@ -67,8 +72,11 @@ class PlanSettings:
             raise EdgecError("--max-specializations must be 0 or more")
         if not 0.0 <= self.min_share <= 1.0:
             raise EdgecError("--min-share must lie between 0 and 1")
-        if self.max_artifact_mb < 0 or self.compile_budget_s < 0:
-            raise EdgecError("--max-artifact-mb and --compile-budget-s must be 0 (no limit) or more")
+        if self.max_artifact_mb < 0 or self.compile_budget_s < 0 or self.max_runtime_mb < 0:
+            raise EdgecError("--max-artifact-mb, --compile-budget-s and --max-runtime-mb must be "
+                             "0 (no limit) or more")
+        if self.busy < 0:
+            raise EdgecError("--busy must be 0 or more")
 
 
 @dataclass(frozen=True)
@@ -137,6 +145,8 @@ class Plan:
     constant_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     predicted: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # How the artifact executes (``costmodel.execution.decide``): route, threads, why, options.
+    execution: dict[str, Any] = field(default_factory=dict)
 
     def save(self, path: str | Path) -> Path:
         payload = {
@@ -148,6 +158,7 @@ class Plan:
             "regions": [r.to_json() for r in self.regions],
             "constant_inputs": self.constant_inputs,
             "predicted": self.predicted,
+            "execution": self.execution,
             "versions": self.versions,
         }
         return save_json_value(path, "plan", PLAN_VERSION, payload)
@@ -156,7 +167,7 @@ class Plan:
     def load(cls, path: str | Path) -> "Plan":
         doc = load_json_value(path, "plan", PLAN_VERSION)
         known = {"kind", "format_version", "model", "target", "settings", "coverage", "regions",
-                 "predicted", "constant_inputs", "versions"}
+                 "predicted", "constant_inputs", "versions", "execution"}
         settings = {k: v for k, v in doc["settings"].items() if k in PlanSettings.__dataclass_fields__}
         return cls(
             model_name=doc["model"]["name"], model_sha256=doc["model"]["sha256"],
@@ -166,6 +177,7 @@ class Plan:
             constant_inputs=doc.get("constant_inputs", {}),
             predicted=doc.get("predicted", {}),
             extra={k: v for k, v in doc.items() if k not in known},
+            execution=doc.get("execution", {}),
         )
 
     @property
@@ -186,6 +198,7 @@ class Plan:
                 for r in self.regions
             ],
             "constant_inputs": {name: c["reason"] for name, c in self.constant_inputs.items()},
+            "execution": {k: v for k, v in self.execution.items() if k != "options"},
         }
 
     def explain(self) -> str:
@@ -193,6 +206,7 @@ class Plan:
         lines = [f"plan for {self.model_name} on {self.target}, policy {self.settings.policy}"]
         if self.predicted:
             lines.append("predicted: " + ", ".join(f"{k} {v}" for k, v in self.predicted.items()))
+        lines += _execution_lines(self.execution)
         for region in self.regions:
             lines.append("")
             lines.append(f"region {region.name} ({len(region.nodes)} nodes"
@@ -214,6 +228,25 @@ class Plan:
             if region.padding.get("check"):
                 lines.append(f"  padding check: {region.padding['check']}")
         return "\n".join(lines)
+
+
+def _execution_lines(record: dict[str, Any]) -> list[str]:
+    """The execution decision as explain shows it: each option, its runtime footprint and
+    predicted expected latency, which was chosen and why."""
+    if not record:
+        return []
+    threads = "every core" if record["threads"] == 0 else f"{record['threads']} thread"
+    lines = ["", f"execution ({record['load']} machine): {record['route']} route, {threads}",
+             f"  {'expected ms':>12s} {'runtime MB':>10s} {'chosen':>7s}  route, threads"]
+    for option in record.get("options", []):
+        expected = option.get("expected_ms")
+        fits = ("  (not offered beside busy processes)" if not option.get("offered", True)
+                else "" if option.get("fits", True) else "  (over --max-runtime-mb)")
+        lines.append(f"  {(f'{expected:.4f}' if expected is not None else '-'):>12s} "
+                     f"{option['runtime_mb']:>10.2f} {('yes' if option.get('chosen') else ''):>7s}"
+                     f"  {option['route']}, {option['threads'] or 'all'}{fits}")
+    lines.append(f"  why: {record['reason']}")
+    return lines
 
 
 def _padding_decisions(padding: dict[str, Any]) -> list[tuple[str, str]]:
@@ -255,13 +288,41 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
     ``auto`` uses ``cost_model`` (default: the target's committed one); ``oracle`` needs
     ``measured`` (see ``costmodel.measure.latency_table``). Both may pad a region's shapes to
     buckets where ``edgec.core.padding`` proves it safe and ``samples`` (the profiled ones) confirm it.
+    Both also choose the execution (library route and threads, ``costmodel.execution``) by the
+    cost model's learned prices; the fixed policies keep the hand rules. Every policy keeps the
+    runtime within ``settings.max_runtime_mb``.
 
     ``one_program``: None plans the model as one program when its regions all choose alike (see
     :func:`_choices_alike`); False keeps the regions (measuring and evaluating them needs that);
     True plans one program.
     """
-
     settings.check()
+    planned = _plan_regions(model, prof, target, settings, cost_model, measured, samples,
+                            one_program=one_program)
+    return replace(planned, execution=_execution(model, prof, target, settings, cost_model))
+
+
+def _execution(model: Model, prof: Profile, target: Target, settings: PlanSettings,
+               cost_model) -> dict[str, Any]:
+    """The plan's execution record (``costmodel.execution.decide``): learned for ``auto`` and
+    ``oracle`` (regions are timed there, not executions), the hand rules otherwise."""
+    learned = settings.policy in ("auto", "oracle")
+    wanted = learned or settings.max_runtime_mb  # prices decide, or say what the budget costs
+    if cost_model is None and wanted and default_path(target).is_file():
+        cost_model = CostModel.load(default_path(target))
+    prices = cost_model.execution_prices() if cost_model is not None else None
+    try:
+        return execution.decide(model, target, prof.shape_distribution() or [({}, 1.0)],
+                                loop_trips(prof.control_flow), prices, learned,
+                                settings.max_runtime_mb, settings.busy)
+    except ValueError as exc:
+        raise StageInputError(str(exc)) from None
+
+
+def _plan_regions(model: Model, prof: Profile, target: Target, settings: PlanSettings,
+                  cost_model=None, measured: LatencyTable | None = None,
+                  samples: list | None = None, *, one_program: bool | None = None) -> Plan:
+    """``plan`` without the execution decision: the regions and their options."""
     check_matches(model, prof.model_sha256, "profile")
     fixed = constant_inputs(model, prof)
     # Inputs compiled as constants are folded into the whole graph's import: such a model stays
@@ -371,7 +432,8 @@ def plan(model: Model, prof: Profile, target: Target, settings: PlanSettings = P
         predicted["compile_s"] = round(seconds, 2)
         predicted["artifact_mb"] = round(size / 1e6, 3)
     if one_program is None and not whole and _choices_alike(regions):
-        merged = plan(model, prof, target, settings, cost_model, measured, samples, one_program=True)
+        merged = _plan_regions(model, prof, target, settings, cost_model, measured, samples,
+                               one_program=True)
         # Measured on moe: 9 regions took 52 us per call, the one program 35 us.
         note = (f"one program, not {len(regions)} regions: every region chose the same "
                 f"specializations, and each region boundary costs a VM call with its argument "

@@ -939,6 +939,9 @@ Artifact Artifact::FromBytes(const std::vector<uint8_t>& data, const std::string
       if (auto parallel = entry->Get("tvm_kernels_parallel")) {
         if (auto flag = parallel->try_cast<bool>()) info.tvm_kernels_parallel = *flag;
       }
+      if (auto count = entry->Get("threads")) {
+        if (auto value = count->try_cast<int64_t>()) info.threads = static_cast<int>(*value);
+      }
       info.vm_exec_mode = GetString(*entry, "vm_exec_mode", "bytecode");
       if (auto linked = entry->Get("linked_functions")) {
         if (auto list = linked->try_cast<JsonArray>()) {
@@ -1147,6 +1150,7 @@ Model Model::Load(const Artifact& artifact, const std::string& target, int threa
     if (info.target == model.target_) library = &info;
   }
   bool parallel = library->tvm_kernels_parallel;
+  if (threads <= 0) threads = library->threads;  // the plan's choice unless the caller names one
   setenv("TVM_NUM_THREADS",
          std::to_string(!parallel ? 1 : threads > 0 ? threads : DefaultThreads()).c_str(), 0);
   // oneDNN's OpenMP threads (libgomp reads these when the model library loads it): as many as

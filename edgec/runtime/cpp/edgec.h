@@ -84,6 +84,7 @@ struct LibraryInfo {
   std::string arch;
   std::string device;
   bool tvm_kernels_parallel = true;  // false: TVM's kernels are serial, its pool gets one thread
+  int threads = 0;  // the plan's count, used when the caller names none (0: every core)
   // "compiled": the VM runs native code, which needs linked_functions bound at load.
   std::string vm_exec_mode = "bytecode";
   std::vector<std::string> linked_functions;

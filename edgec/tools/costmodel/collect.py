@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 from edgec import zoo
-from edgec.core.model import from_proto
-from edgec.core.samples import Sample
+from edgec.core.model import from_proto, load_model
+from edgec.core.samples import Sample, load_samples
 from edgec.core.targets import Target
 from edgec.costmodel.store import append_measurements
 from edgec.errors import EdgecError
@@ -61,3 +62,25 @@ def collect(target: Target, names: list[str] | None = None, passes: int = 3,
             progress(f"{name} pass {index}: {len(measured.rows)} region timings, build "
                      f"{measured.build['compile_s']:.1f} s")
     return results
+
+
+def execution_cases(names: list[str] | None,
+                    model_dirs: list[Path]) -> list[tuple[str, Any, list[Sample]]]:
+    """What ``collect --execution`` times: the named zoo models (default: ``COLLECT_MODELS``,
+    none when only folders are given) with their collect samples, and each folder's
+    ``model.onnx`` with its ``samples/``, named after the folder."""
+    if names is None and not model_dirs:
+        names = list(COLLECT_MODELS)
+    unknown = [n for n in names or [] if n not in zoo.names()]
+    if unknown:
+        raise EdgecError(f"unknown zoo model(s) {', '.join(unknown)}; see `edgec zoo list`")
+    cases = []
+    for name in names or []:
+        model, samples, _ = zoo_case(name)
+        cases.append((name, model, samples))
+    for folder in model_dirs:
+        if not (folder / "model.onnx").is_file() or not (folder / "samples").is_dir():
+            raise EdgecError(f"'{folder}' must hold model.onnx and a samples/ folder of .npz files")
+        model = load_model(folder / "model.onnx", folder.name)
+        cases.append((folder.name, model, load_samples(folder / "samples", model)))
+    return cases

@@ -49,7 +49,20 @@ def train(target: Target, rows: list[dict[str, Any]]):
     the least time per region option over passes, and the build rows for size and time."""
     regions = _best_rows([r for r in rows if r.get("kind") == "region" and r["target"] == target.name])
     builds = [r for r in rows if r.get("kind") == "build" and r["target"] == target.name]
-    return fit(regions, builds, target.name), len(regions)
+    return fit(regions, builds, target.name, execution_rows(rows, target)), len(regions)
+
+
+def execution_rows(rows: list[dict[str, Any]], target: Target) -> list[dict[str, Any]]:
+    """The target's execution timings, one per (model, shape, option, load): the least over
+    passes."""
+    best: dict[tuple, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("kind") != "execution" or row["target"] != target.name:
+            continue
+        key = (row["model_sha256"], row["shape"], row["route"], row["threads"], row["load"])
+        if key not in best or row["ms"] < best[key]["ms"]:
+            best[key] = row
+    return list(best.values())
 
 
 def _additivity(rows, model, test, table) -> float | None:

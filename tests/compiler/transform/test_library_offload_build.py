@@ -464,7 +464,8 @@ def _compile(proto, name, samples, monkeypatch, block, tmp_path, settings=PlanSe
     target = load_target("x86_64")
     monkeypatch.setattr(llvm, "dnnl_rules", lambda t: dataclasses.replace(rules, block=block))
     artifact = build(model, plan(model, profile(model, samples), target, settings), [target])
-    assert artifact.manifest["libraries"]["x86_64"]["native_dependencies"] == ["libdnnl.so.2"]
+    assert (artifact.manifest["libraries"]["x86_64"]["native_dependencies"]
+            == ["libdnnl.so.2", "libgomp.so.1"])
     path = tmp_path / f"{name}.edgec"
     artifact.save(path)
     return edgec.runtime.load(path)
