@@ -701,6 +701,10 @@ def inspect_cmd(artifact: Path, as_json: bool) -> None:
             click.echo(f"  {kind[:-1]:6s} {spec['name']}: {spec['dtype']} {spec['dims']}")
     for region in manifest["plan"]["regions"]:
         click.echo(f"  region {region['name']}: {region['mode']} — {region['reason']}")
+    chosen = manifest["plan"].get("execution")
+    if chosen:
+        threads = "every core" if chosen["threads"] == 0 else f"{chosen['threads']} thread"
+        click.echo(f"  execution: {chosen['route']} route, {threads} — {chosen['reason']}")
     for target, lib in manifest["libraries"].items():
         click.echo(f"  library {target} ({lib['arch']}, {lib['device']}): {lib['file']}, "
                    f"{lib['bytes']} bytes, sha256 {lib['sha256'][:16]}…")
