@@ -261,6 +261,20 @@ def hand_rules(options: Sequence[ExecutionOption]) -> ExecutionOption:
     return HAND_RULES if HAND_RULES in options else ExecutionOption("tvm", 0)
 
 
+def library_fallback(execution: Mapping[str, Any]) -> ExecutionOption | None:
+    """The option a build with int8 or bf16 layers (library calls only) takes when its plan
+    chose TVM kernels only: the library option the plan priced least among those offered within
+    its budget (every core first when unpriced, as the hand rules); None when the budget
+    excludes the library."""
+    candidates = [o for o in execution.get("options", []) if o["route"] == "library"
+                  and o.get("fits", True) and o.get("offered", True)]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda o: (o.get("expected_ms") is None,
+                                          o.get("expected_ms") or 0.0, o["threads"]))
+    return ExecutionOption("library", int(best["threads"]))
+
+
 def chosen_option(execution: Mapping[str, Any]) -> ExecutionOption:
     """The option a plan's ``execution`` record names (the hand rules for a plan made before
     edgec chose one)."""

@@ -15,7 +15,7 @@ from edgec.core.model import Model, from_proto
 from edgec.core.provenance import tool_versions
 from edgec.core.regions import RegionCut, region_model
 from edgec.core.targets import Target
-from edgec.costmodel.execution import chosen_option
+from edgec.costmodel.execution import chosen_option, library_fallback
 from edgec.errors import EdgecError, ModelError, describe
 from edgec.runtime.artifact import Artifact, FORMAT_VERSION, sha256_hex
 from edgec.runtime.signature import TensorSpec
@@ -119,9 +119,12 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
     route = chosen_option(plan.execution)
     lowering = quantization.lowering(model.proto) if active else None
     if route.route == "tvm" and lowering is not None and lowering.mode != "fp16":
-        raise EdgecError(f"the plan runs every op as a TVM kernel ({plan.execution['reason']}), "
-                         f"but edgec's int8 and bf16 layers are library calls; quantize with "
-                         f"fp16 or none, or plan with a larger --max-runtime-mb")
+        # int8 and bf16 layers exist only as library calls: the library route, if it fits.
+        route = library_fallback(plan.execution)
+        if route is None:
+            raise EdgecError(f"the plan runs every op as a TVM kernel ({plan.execution['reason']})"
+                             f", but edgec's int8 and bf16 layers are library calls; quantize "
+                             f"with fp16 or none, or plan with a larger --max-runtime-mb")
     options = pipeline.Options(native_loops=native_loops, quantized=lowering,
                                library=route.route == "library")
     dump = pipeline.DumpIR(dump_ir) if dump_ir is not None else None
@@ -180,7 +183,9 @@ def build(model: Model, plan: Plan, targets: list[Target], targets_chosen: str =
             "tvm_kernels_parallel": library.tvm_kernels_parallel,
             "vm_exec_mode": library.vm_exec_mode,
             "linked_functions": library.linked_functions,
-            # The plan's thread count (0: every core), the runtimes' default.
+            # How it executes (the plan's choice, or the library route a quantized build
+            # needs): the route, and the runtimes' default thread count (0: every core).
+            "route": route.route,
             "threads": route.threads,
         }
     if active:

@@ -100,6 +100,9 @@ def test_the_decision_keeps_the_hand_rules_for_fixed_policies_and_the_budget_alw
                               max_runtime_mb=tvm_mb + 1)
     assert (shared["route"], shared["threads"]) == ("tvm", 1) and shared["load"] == "busy"
     assert [o["offered"] for o in shared["options"]].count(False) == 1
+    # A quantized build of a TVM-only plan takes the library option priced least, if it fits.
+    assert execution.library_fallback(learned) == ExecutionOption("library", 1)
+    assert execution.library_fallback(budgeted) is None
     with pytest.raises(ValueError, match="smallest runtime .* needs"):
         execution.decide(MLP, TARGET, large, {}, prices, learned=False, max_runtime_mb=0.5)
 
@@ -135,7 +138,7 @@ def test_a_tvm_route_plan_builds_without_the_library_and_runs_alike(tmp_path):
         chosen = dataclasses.replace(base, execution={"route": route, "threads": threads})
         artifact = build(MLP, chosen, [TARGET])
         library = artifact.manifest["libraries"][TARGET.name]
-        assert library["threads"] == threads
+        assert library["threads"] == threads and library["route"] == route
         assert ("libdnnl.so.2" in library["native_dependencies"]) == (route == "library")
         model = runtime.load(artifact.save(tmp_path / f"{route}.edgec"))
         outputs[route] = [model.run(s.arrays)["y"] for s in samples]
