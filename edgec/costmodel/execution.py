@@ -28,7 +28,7 @@ import numpy as np
 from edgec.compiler import native
 from edgec.compiler.backends import backend_for
 from edgec.core.model import Model
-from edgec.core.regions import RegionCut
+from edgec.core.regions import whole_model
 from edgec.core.targets import Target
 from edgec.costmodel import learn
 from edgec.costmodel.features import FEATURE_NAMES, region_features, vector
@@ -109,17 +109,10 @@ def runtime_files(target: Target, route: str) -> dict[str, int]:
     return runtime_footprint(dependencies, target.arch)
 
 
-def whole_model_cut(model: Model) -> RegionCut:
-    """One region holding every node of the top-level graph."""
-    graph = model.proto.graph
-    return RegionCut([n.name for n in graph.node], [i.name for i in graph.input],
-                     [o.name for o in graph.output], "")
-
-
 def execution_features(model: Model, target: Target, dims: Mapping[str, int],
                        trips: Mapping[str, float] | None = None) -> dict[str, float]:
     """The features of the whole ``model`` run at graph dims ``dims``."""
-    return region_features(model, whole_model_cut(model), dims, "symbolic", target, trips,
+    return region_features(model, whole_model(model), dims, "symbolic", target, trips,
                            static=not model.dynamic_dims)
 
 

@@ -161,7 +161,7 @@ def _ensure_runtime(threads: int, tvm_threads: int | None = None) -> Any:
     return tvm_ffi
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -427,7 +427,7 @@ def load(path: str | Path, target: str | None = None, threads: int | None = None
     manifest = artifact.manifest
     chosen = select_target(manifest, target, str(path))
     # The plan's choice (0: every core) unless the caller names a count.
-    threads = threads or manifest["libraries"][chosen].get("threads") or _default_threads()
+    threads = threads or manifest["libraries"][chosen].get("threads") or default_threads()
     # A library whose TVM kernels were compiled serial gets a one-thread TVM pool (codegen's
     # CompiledLibrary.tvm_kernels_parallel).
     serial = manifest["libraries"][chosen].get("tvm_kernels_parallel", True) is False

@@ -181,6 +181,7 @@ def test_eval_picks_from_other_models_prices_and_compares_with_every_rule_set():
 
 @pytest.mark.slow
 def test_collect_times_every_option_in_processes_of_their_own(monkeypatch):
+    from edgec import runtime
     from edgec.costmodel.store import load_measurements
     from edgec.tools.costmodel import collect_execution as collector
 
@@ -194,6 +195,6 @@ def test_collect_times_every_option_in_processes_of_their_own(monkeypatch):
         (o.route, o.threads, load) for o in execution.options_for(TARGET)
         for load in execution.LOADS}
     assert all(r["ms"] > 0 and r["features"]["log_flops"] > 0 for r in rows)
-    assert {r["busy"] for r in rows if r["load"] == "busy"} == {collector.machine_cores()}
+    assert {r["busy"] for r in rows if r["load"] == "busy"} == {runtime.default_threads()}
     stored = [r for r in load_measurements(TARGET) if r.get("kind") == "execution"]
     assert len(stored) == len(rows)

@@ -30,6 +30,7 @@ from edgec.costmodel.decide import dims_key
 from edgec.costmodel.features import loop_trips
 from edgec.costmodel.store import append_measurements
 from edgec.errors import EdgecError, describe
+from edgec.runtime import default_threads
 from edgec.stages.build import build
 from edgec.stages.plan import PlanSettings, plan
 from edgec.stages.profile import profile
@@ -41,13 +42,6 @@ ROUNDS = 3
 MAX_SHAPES = 4
 # The longest a thread count's timing process may take for one model.
 TIMEOUT_S = 1800
-
-
-def machine_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def collect_execution(target: Target, cases: Sequence[tuple[str, Model, list[Sample]]],
@@ -87,12 +81,12 @@ def collect_execution(target: Target, cases: Sequence[tuple[str, Model, list[Sam
                 continue
             spec = {"artifacts": artifacts, "groups": {
                 key: [str(folder / f"sample_{i:04d}.npz") for i in indices]
-                for key, indices in groups.items()}, "busy": machine_cores(),
+                for key, indices in groups.items()}, "busy": default_threads(),
                 "min_seconds": MIN_SECONDS, "rounds": ROUNDS}
             (folder / "spec.json").write_text(json.dumps(spec))
             for index in range(passes):
                 for threads in dict.fromkeys(o.threads for o in options):
-                    timed = _time_in_process(folder / "spec.json", threads or machine_cores())
+                    timed = _time_in_process(folder / "spec.json", threads or default_threads())
                     for route, by_load in timed.items():
                         for load, by_shape in by_load.items():
                             rows += [{

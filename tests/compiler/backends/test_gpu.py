@@ -81,7 +81,7 @@ def test_gpu_matches_cpu(tmp_path, name):
     cpu_ms, gpu_ms = p50_ms(cpu, samples[0]), p50_ms(gpu, samples[0])
     diff = max(float(np.abs(gpu.run(s)[k] - v).max()) for s in samples for k, v in cpu.run(s).items())
     print(f"\n{name} on {target}: p50 per call (runtime.run, with copies) gpu {gpu_ms:.3f} ms, "
-          f"cpu {cpu_ms:.3f} ms ({runtime._default_threads()} threads), ratio gpu/cpu "
+          f"cpu {cpu_ms:.3f} ms ({runtime.default_threads()} threads), ratio gpu/cpu "
           f"{gpu_ms / cpu_ms:.3f}; max abs diff {diff:.3g} over {len(samples)} samples")
 
 
