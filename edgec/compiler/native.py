@@ -83,10 +83,11 @@ def dnnl_shim(compiler: str = "g++", functions: Iterable[str] | None = None) -> 
     """
     obj = _compile_object(
         NATIVE_DIR / "dnnl_shim.cc", compiler, missing_header_hint=DNNL_INSTALL_HINT,
-        header="dnnl.hpp", defines=only_exports(functions),
+        header="dnnl.hpp", flags=("-fopenmp",), defines=only_exports(functions),
     )
     _check_library(compiler, "dnnl", DNNL_INSTALL_HINT)
-    return NativeAddon("dnnl", (str(obj),), ("-ldnnl",), ROUTE_DEPENDENCIES["dnnl"])
+    # -fopenmp: its own loops (pooling) share out their rows over oneDNN's OpenMP threads.
+    return NativeAddon("dnnl", (str(obj),), ("-ldnnl", "-fopenmp"), ROUTE_DEPENDENCIES["dnnl"])
 
 
 def xnnpack_shim(compiler: str = "aarch64-linux-gnu-g++",

@@ -105,8 +105,9 @@ def cnn_model(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def pools_model(seed: int = 0) -> onnx.ModelProto:
-    """x[batch, 3, 15, 15] -> pools between convs, each a case of oneDNN's pooling route or not.
+def pools_model(seed: int = 0, channels: int = 16) -> onnx.ModelProto:
+    """x[batch, 3, 15, 15] -> pools between convs, each a case of oneDNN's pooling route or not;
+    the first pool over ``channels`` channels (one NHWC block where the block does not divide it).
 
     Library pooling: max 3x3/2 with padding in ceil mode; average 3x3/1 counting the padding;
     average 2x2/2 in floor mode (an odd size: a row left over); a spatial mean gating its input
@@ -114,7 +115,7 @@ def pools_model(seed: int = 0) -> onnx.ModelProto:
     mode.
     """
     rng = np.random.default_rng(seed)
-    inits = {"w1": _weight(rng, 16, 3, 3, 3), "w2": _weight(rng, 16, 16, 1, 1),
+    inits = {"w1": _weight(rng, channels, 3, 3, 3), "w2": _weight(rng, 16, channels, 1, 1),
              "w3": _weight(rng, 32, 16, 3, 3), "w4": _weight(rng, 16, 32, 1, 1),
              "hw": np.array([2, 3], np.int64)}
     nodes = [
@@ -149,7 +150,7 @@ def resize_model(seed: int = 0) -> onnx.ModelProto:
     factor reaches (10 -> 17) and nearest x2 go to oneDNN; nearest x1.5 and bilinear in
     align-corners mode stay TVM's."""
     rng = np.random.default_rng(seed)
-    inits = {"w1": _weight(rng, 16, 3, 3, 3), "w2": _weight(rng, 16, 16, 1, 1),
+    inits = {"w1": _weight(rng, channels, 3, 3, 3), "w2": _weight(rng, 16, channels, 1, 1),
              "w3": _weight(rng, 16, 16, 1, 1),
              "to17": np.array([1, 16, 17, 17], np.int64),
              "x2": np.array([1, 1, 2, 2], np.float32),
@@ -522,9 +523,9 @@ def test_compiled_library_resizes_match_onnxruntime(block, monkeypatch, tmp_path
 
 
 @needs_dnnl
-@pytest.mark.parametrize("block", [8, 16])
-def test_compiled_library_pools_match_onnxruntime(block, monkeypatch, tmp_path):
-    proto = pools_model()
+@pytest.mark.parametrize("block, channels", [(8, 16), (16, 16), (16, 12)])
+def test_compiled_library_pools_match_onnxruntime(block, channels, monkeypatch, tmp_path):
+    proto = pools_model(channels=channels)
     monkeypatch.setattr(llvm, "dnnl_rules",
                         lambda t: DispatchRules(block=block, pool2d=True))
     rng = np.random.default_rng(2)
