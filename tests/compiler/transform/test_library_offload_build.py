@@ -1058,3 +1058,48 @@ def test_compiled_fused_activations_match_onnxruntime(block, monkeypatch, tmp_pa
         x = (3 * rng.standard_normal((batch, 16, 8, 8))).astype(np.float32)
         np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
                                    rtol=1e-4, atol=1e-4)
+
+
+def wide_dense_model(seed: int = 0, k: int = 80, n: int = 65540) -> onnx.ModelProto:
+    """x[batch, seq, k] -> relu(x @ w + b) over a weight of 21 MB (k x n, n not a multiple of
+    16): a vocabulary projection's shape, which the shim runs by panels for 2-6 rows."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["s"]),
+         helper.make_node("Relu", ["s"], ["y"])],
+        "wide_dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", n])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@needs_dnnl
+def test_wide_dense_of_a_few_rows_runs_by_panels_and_matches_onnxruntime(monkeypatch, tmp_path):
+    proto = wide_dense_model()
+    rng = np.random.default_rng(4)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 4, 80)).astype(np.float32)})
+               for i in range(3)]
+    model = _compile(proto, "wide_dense", samples, monkeypatch, 0, tmp_path)
+    shapes = [(1, 1), (1, 4), (2, 3), (1, 5), (1, 7)]  # rows 1 and 7: oneDNN's; 4, 6, 5: panels
+    inputs = {shape: rng.standard_normal((*shape, 80)).astype(np.float32) for shape in shapes}
+    for shape, x in inputs.items():
+        np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-4, atol=1e-4, err_msg=f"shape {shape}")
+    # Which kernel ran: oneDNN logs each matmul it executes; the panels are not oneDNN's.
+    script = ("import sys, numpy as np, edgec.runtime\n"
+              "m = edgec.runtime.load(sys.argv[1])\n"
+              "for rows in (1, 4, 7):\n"
+              "    print(f'rows {rows}', flush=True)\n"
+              "    m.run({'x': np.ones((1, rows, 80), np.float32)})\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "wide_dense.edgec")],
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "ONEDNN_VERBOSE": "1"}).stdout
+    logged = {rows: sum(",exec,cpu,matmul," in line for line in part.splitlines())
+              for rows, part in zip((1, 4, 7), out.split("rows ")[1:])}
+    assert logged[1] == 1 and logged[4] == 0 and logged[7] == 1, out
