@@ -150,7 +150,7 @@ def resize_model(seed: int = 0) -> onnx.ModelProto:
     factor reaches (10 -> 17) and nearest x2 go to oneDNN; nearest x1.5 and bilinear in
     align-corners mode stay TVM's."""
     rng = np.random.default_rng(seed)
-    inits = {"w1": _weight(rng, channels, 3, 3, 3), "w2": _weight(rng, 16, channels, 1, 1),
+    inits = {"w1": _weight(rng, 16, 3, 3, 3), "w2": _weight(rng, 16, 16, 1, 1),
              "w3": _weight(rng, 16, 16, 1, 1),
              "to17": np.array([1, 16, 17, 17], np.int64),
              "x2": np.array([1, 1, 2, 2], np.float32),
@@ -1103,3 +1103,43 @@ def test_wide_dense_of_a_few_rows_runs_by_panels_and_matches_onnxruntime(monkeyp
     logged = {rows: sum(",exec,cpu,matmul," in line for line in part.splitlines())
               for rows, part in zip((1, 4, 7), out.split("rows ")[1:])}
     assert logged[1] == 1 and logged[4] == 0 and logged[7] == 1, out
+
+
+def grouped_pointwise_model(seed: int = 0) -> onnx.ModelProto:
+    """x[batch, 16, 6, 6] -> ShuffleNet's pointwise group convolutions, groups that are not whole
+    8-channel blocks: 4 groups of 4 channels with a bias, the input added back and relu6; then 2
+    groups of 8 -> 6 channels and a sigmoid."""
+    rng = np.random.default_rng(seed)
+    inits = {"w1": _weight(rng, 16, 4, 1, 1), "b1": _weight(rng, 16, scale=0.1),
+             "w2": _weight(rng, 12, 8, 1, 1), "lo": np.array(0, np.float32),
+             "hi": np.array(6, np.float32)}
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=4),
+        helper.make_node("Add", ["c1", "x"], ["s1"]),
+        helper.make_node("Clip", ["s1", "lo", "hi"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], group=2),
+        helper.make_node("Sigmoid", ["c2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "grouped_pointwise",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12, 6, 6])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@needs_dnnl
+@pytest.mark.parametrize("block", [0, 8, 16])
+def test_compiled_grouped_pointwise_convs_match_onnxruntime(block, monkeypatch, tmp_path):
+    proto = grouped_pointwise_model()
+    rng = np.random.default_rng(5)
+    samples = [Sample(f"s{i}", {"x": rng.standard_normal((1, 16, 6, 6)).astype(np.float32)})
+               for i in range(3)]
+    model = _compile(proto, "grouped", samples, monkeypatch, block, tmp_path)
+    for batch in (1, 2):
+        x = 3 * rng.standard_normal((batch, 16, 6, 6)).astype(np.float32)
+        np.testing.assert_allclose(model.run({"x": x})["y"], _reference(proto, {"x": x}),
+                                   rtol=1e-5, atol=1e-5, err_msg=f"batch {batch}")
