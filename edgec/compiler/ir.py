@@ -41,6 +41,24 @@ def extern_symbols(mod: tvm.IRModule) -> set[str]:
     return found
 
 
+def vm_instructions(mod: tvm.IRModule) -> dict[str, int]:
+    """Bindings per Relax function of ``mod``, If branches included: after the ``lower`` phase,
+    the VM instructions each function becomes."""
+    counts: dict[str, int] = {}
+    for gvar, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            total = 0
+
+            def visit(expr: relax.Expr) -> None:
+                nonlocal total
+                if isinstance(expr, relax.SeqExpr):
+                    total += sum(len(block.bindings) for block in expr.blocks)
+
+            relax.analysis.post_order_visit(func, visit)
+            counts[gvar.name_hint] = total
+    return counts
+
+
 def prim_funcs(mod: tvm.IRModule) -> dict[str, tvm.tirx.PrimFunc]:
     """``mod``'s TIR kernels by name."""
     return {gvar.name_hint: func for gvar, func in mod.functions.items()

@@ -298,9 +298,10 @@ def compile(mod: tvm.IRModule, target: Target, options: Options = Options(),  # 
     try:
         with tvm_target, _pass_context(backend, instruments):
             prepared = all_phases[0].as_pass()(mod)
-            lowering = tvm.transform.Sequential([p.as_pass() for p in all_phases[1:]])
-            executable = relax.build(prepared, tvm_target, relax_pipeline=lowering,
-                                     exec_mode=backend.vm_exec_mode(target))
+            lowered = tvm.transform.Sequential([p.as_pass() for p in all_phases[1:]])(prepared)
+            exec_mode = backend.vm_exec_mode(target, lowered)
+            executable = relax.build(lowered, tvm_target, relax_pipeline=None,
+                                     exec_mode=exec_mode)
     except EdgecError:
         raise
     except Exception as exc:  # lowering errors arrive as TVM's InternalError and friends
@@ -319,7 +320,7 @@ def compile(mod: tvm.IRModule, target: Target, options: Options = Options(),  # 
         data, native_dependencies=list(dict.fromkeys(
             lib for addon in addons for lib in addon.runtime_libraries)),
         tuning=tuning, tvm_kernels_parallel=kernels_parallel(prepared),
-        vm_exec_mode=backend.vm_exec_mode(target),
+        vm_exec_mode=exec_mode,
         linked_functions=sorted(s for s in symbols if s.startswith(LINKED_PREFIX)))
     return library, record
 

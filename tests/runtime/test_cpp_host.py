@@ -194,6 +194,25 @@ def test_loop_and_scan_models_match_python_runtime(host, artifact, tmp_path, nam
         assert_outputs_match(got, _python_outputs(path, sample), TOLERANCE)
 
 
+def test_a_long_program_runs_as_bytecode_in_both_runtimes(host, artifact, tmp_path, monkeypatch):
+    """Past MAX_COMPILED_VM_INSTRUCTIONS in one Relax function the library keeps VM bytecode
+    (LLVM's time on compiled VM code grows with the square of its length); the VM must still
+    find the functions linked into the library (the Scan's row kernels, oneDNN's shim)."""
+    from edgec.compiler.backends import llvm
+
+    compiled, samples = artifact("scan_rnn")
+    monkeypatch.setattr(llvm, "MAX_COMPILED_VM_INSTRUCTIONS", 10)
+    path = zoo_artifact("scan_rnn", ["x86_64"], tmp_path)[0]
+    entry = Artifact.load(path).manifest["libraries"]["x86_64"]
+    assert entry["vm_exec_mode"] == "bytecode"
+    assert Artifact.load(compiled).manifest["libraries"]["x86_64"]["vm_exec_mode"] == "compiled"
+    assert "edgec_rows_append" in entry["linked_functions"]
+    for index, sample in enumerate(samples[:3]):
+        expected = _python_outputs(compiled, sample)
+        assert_outputs_match(_python_outputs(path, sample), expected, 0.0)
+        assert_outputs_match(run_host(host, path, sample, tmp_path / str(index)), expected, 0.0)
+
+
 def test_two_outputs_and_a_runtime_extra_kernel(host, tmp_path):
     path = build_artifact(topk_model(), "topk", topk_samples(), ["x86_64"], tmp_path)
     for index, sample in enumerate(topk_samples(1)):

@@ -82,8 +82,10 @@ class Backend:
                                    f"targets; remove it from the target file")
         return None
 
-    def vm_exec_mode(self, target: Target) -> str:  # noqa: ARG002 - a subclass may differ per target
-        """How the library runs its Relax functions: "bytecode" or "compiled"."""
+    def vm_exec_mode(self, target: Target,  # noqa: ARG002 - a subclass may differ per target
+                     lowered: tvm.IRModule) -> str:  # noqa: ARG002
+        """How the library runs the Relax functions of ``lowered`` (the module after the
+        ``lower`` phase): "bytecode" or "compiled"."""
         return "bytecode"
 
     def check_toolchain(self, target: Target) -> None:

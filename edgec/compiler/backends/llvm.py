@@ -12,6 +12,7 @@ from __future__ import annotations
 import tvm
 
 from edgec.compiler.backends.base import Backend
+from edgec.compiler.ir import vm_instructions
 from edgec.compiler.transform.library_offload import DispatchRules
 from edgec.core.targets import Target
 from edgec.errors import CompileError, describe
@@ -20,6 +21,12 @@ from edgec.errors import CompileError, describe
 # builtin call. Only edgec's runtimes bind the functions such code needs (``linked_functions``):
 # targets run through TVM's own RPC server keep bytecode.
 VM_EXEC_MODE = "compiled"
+# LLVM's time on a compiled Relax function grows with about the square of its VM instructions
+# (one function of 1250, 2500, 5000 instructions: 2.7, 17, 105 s on a Zen 3 core; an SSD's
+# unrolled per-class post-processing, 10,000: over 30 minutes), while compiled code saves well
+# under a microsecond per instruction over bytecode. Past this many instructions in one function,
+# where the model's kernels dwarf that saving, the library keeps bytecode.
+MAX_COMPILED_VM_INSTRUCTIONS = 2000
 
 
 class LLVMBackend(Backend):
@@ -41,8 +48,12 @@ class LLVMBackend(Backend):
             raise CompileError(f"target '{target.name}' has an invalid [tvm] table: "
                                f"{describe(exc)}") from None
 
-    def vm_exec_mode(self, target: Target) -> str:
-        return "bytecode" if target.run.get("mode", "local") == "rpc" else VM_EXEC_MODE
+    def vm_exec_mode(self, target: Target, lowered: tvm.IRModule) -> str:
+        if target.run.get("mode", "local") == "rpc":
+            return "bytecode"
+        if max(vm_instructions(lowered).values(), default=0) > MAX_COMPILED_VM_INSTRUCTIONS:
+            return "bytecode"
+        return VM_EXEC_MODE
 
     def library_rules(self, target: Target) -> DispatchRules | None:
         """The library route ``target``'s file enables (``[libraries] dnnl`` or ``xnnpack``), with
