@@ -783,30 +783,64 @@ ffi::Tensor NonMaxSuppression(ffi::Tensor boxes, ffi::Tensor scores, ffi::Tensor
   int64_t batches = b->shape[0], count = b->shape[1], classes = s->shape[1];
   std::vector<int64_t> rows;  // (batch, class, box) triples
   std::vector<int64_t> order;
+  std::vector<double> score(count);
   std::vector<Corners> corners(count);
+  // The boxes kept so far in this class, by left edge: a candidate is tested only against those
+  // whose left edge lies within the widest kept box's width of its own (the others cannot meet
+  // it: Overlaps would say no). A detector's batched NMS offsets each class's boxes apart, so a
+  // candidate meets a few hundred kept boxes, not tens of thousands. New boxes wait in `recent`
+  // (each tested) and join the sorted array in merges, not one insertion each.
+  constexpr size_t kMergeEvery = 64;
+  auto by_left = [](const Corners& p, const Corners& q) { return p.x0 < q.x0; };
+  std::vector<Corners> sorted_kept, recent_kept;
   for (int64_t n = 0; n < batches && limit > 0; ++n) {
     for (int64_t i = 0; i < count; ++i) corners[i] = BoxCorners(b, n * count + i, center_point_box);
     for (int64_t c = 0; c < classes; ++c) {
       int64_t base = (n * classes + c) * count;
       order.clear();
       for (int64_t i = 0; i < count; ++i) {
-        if (!filter || AsDouble(s, base + i) > floor) order.push_back(i);
+        score[i] = AsDouble(s, base + i);
+        if (!filter || score[i] > floor) order.push_back(i);
       }
-      std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) {
-        return AsDouble(s, base + p) > AsDouble(s, base + q);
-      });
-      std::vector<int64_t> kept;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t p, int64_t q) { return score[p] > score[q]; });
+      sorted_kept.clear();
+      recent_kept.clear();
+      int64_t kept = 0;
+      double widest = 0;
       for (int64_t i : order) {
-        if (static_cast<int64_t>(kept.size()) >= limit) break;
+        if (kept >= limit) break;
+        const Corners& p = corners[i];
+        double width = p.x1 - p.x0, height = p.y1 - p.y0;
+        // A box with a NaN extent overlaps nothing (its area is NaN): kept, never indexed.
+        bool indexable = !std::isnan(width) && !std::isnan(height);
         bool keep = true;
-        for (int64_t j : kept) {
-          if (Overlaps(corners[i], corners[j], iou)) {
-            keep = false;
-            break;
+        if (indexable) {
+          // Margin for the rounding of widths and of this subtraction: only adds candidates.
+          double reach = widest + 1e-9 * (std::fabs(p.x0) + widest) + 1e-300;
+          auto j = std::lower_bound(sorted_kept.begin(), sorted_kept.end(), p.x0 - reach,
+                                    [](const Corners& q, double left) { return q.x0 < left; });
+          for (; keep && j != sorted_kept.end() && j->x0 < p.x1; ++j) {
+            keep = !Overlaps(p, *j, iou);
+          }
+          for (auto r = recent_kept.begin(); keep && r != recent_kept.end(); ++r) {
+            keep = !Overlaps(p, *r, iou);
           }
         }
         if (!keep) continue;
-        kept.push_back(i);
+        if (indexable) {
+          widest = std::max(widest, width);
+          recent_kept.push_back(p);
+          if (recent_kept.size() == kMergeEvery) {
+            std::sort(recent_kept.begin(), recent_kept.end(), by_left);
+            size_t middle = sorted_kept.size();
+            sorted_kept.insert(sorted_kept.end(), recent_kept.begin(), recent_kept.end());
+            std::inplace_merge(sorted_kept.begin(), sorted_kept.begin() + middle,
+                               sorted_kept.end(), by_left);
+            recent_kept.clear();
+          }
+        }
+        ++kept;
         rows.insert(rows.end(), {n, c, i});
       }
     }

@@ -248,6 +248,16 @@ def _boxes(n, seed):
     return boxes, scores
 
 
+def _detector_boxes(n, seed):
+    """``n`` boxes as a detector's batched NMS hands them over: each class's boxes shifted apart
+    (so only boxes of one class can overlap, and most are kept), a few with NaN corners."""
+    boxes, scores = _boxes(n, seed)
+    boxes += (np.arange(n) % 7 * 20.0).astype(np.float32)[None, :, None]
+    boxes[0, 5] = np.nan
+    boxes[0, 9, 3] = np.nan
+    return boxes, scores
+
+
 def _compiled_for(model, samples, path):
     """``model`` compiled by the driver for ``samples`` (one program), loaded from ``path``."""
     from edgec import runtime
@@ -266,7 +276,8 @@ def test_nms_over_a_run_time_box_count_matches_onnx(center_point_box, score_thre
     model = _detector_nms_model(center_point_box, score_threshold)
     samples = [dict(zip(("boxes", "scores"), _boxes(n, n))) for n in (12, 30)]
     compiled = _compiled_for(model, samples, tmp_path / "nms.edgec")
-    for arrays in samples + [dict(zip(("boxes", "scores"), _boxes(n, 99 + n))) for n in (1, 45)]:
+    unseen = [_boxes(1, 100), _boxes(45, 144), _detector_boxes(700, 7)]
+    for arrays in samples + [dict(zip(("boxes", "scores"), pair)) for pair in unseen]:
         want = _reference(model, [arrays["boxes"], arrays["scores"]])[0]
         np.testing.assert_array_equal(compiled.run(arrays)["sel"], want)
     assert "edgec_nms" in import_model(from_proto(model)).script()
