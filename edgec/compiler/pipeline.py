@@ -38,6 +38,7 @@ from edgec.compiler.importer.converter_table import BUILT_IN, converter_table
 from edgec.compiler.importer.expand import expand_functions, value_types
 from edgec.compiler.importer.fold import fix_inputs, fold_constants
 from edgec.compiler.importer.recurrent import rewrite_recurrent
+from edgec.compiler.importer.transposes import sink_transposes
 from edgec.compiler.ir import extern_symbols
 from edgec.compiler.transform import library_offload
 from edgec.compiler.transform.branch_storage import BranchStorage
@@ -108,7 +109,8 @@ def onnx_passes(name: str, converters: Mapping[str, Any], native_loops: bool,
                 constants: Mapping[str, np.ndarray]) -> list[tuple[str, OnnxPass]]:
     """The ONNX-level passes before TVM's importer, in order: inputs the plan fixed become
     constants, recurrent layers become loops (``native_loops``: edgec's CPU time loop), model
-    functions the converters lack are expanded, and what is known at compile time is folded."""
+    functions the converters lack are expanded, what is known at compile time is folded, and
+    transposes are pushed through layout-free ops until they cancel."""
     known = lambda op: op in converters or op in BUILT_IN  # noqa: E731
     return [
         ("fix_inputs", lambda proto: fix_inputs(proto, dict(constants))),
@@ -116,6 +118,7 @@ def onnx_passes(name: str, converters: Mapping[str, Any], native_loops: bool,
                                                       native=native_loops)),
         ("expand", lambda proto: expand_functions(proto, known)),
         ("fold", fold_constants),
+        ("transposes", sink_transposes),
     ]
 
 
