@@ -202,12 +202,13 @@ def test_sequence_lens_leave_state_alone_past_each_rows_length(op, directions, t
                                         ("GRU", {"linear_before_reset": 1}), ("RNN", {})],
                          ids=["LSTM", "GRU", "GRU-linear_before_reset", "RNN"])
 def test_layers_wide_enough_to_share_their_steps_over_threads_match_onnxruntime(op, options, tmp_path):
-    """Hidden 72 over 4 rows is enough work per step for the native loop to split the hidden
-    units over OpenMP's threads (two slices of unequal size here), meeting at barriers. R is
-    scaled so the state does not amplify float32 rounding step after step (at the other tests'
-    scale an RNN of this width is chaotic: any two summation orders part by 2e-5 in 7 steps)."""
-    proto, arrays = recurrent(op, hidden=72, features=8, directions=2, lens=True, initial=True,
-                              scale=0.1, **options)
+    """Hidden 136 over 4 rows is enough work per step (at least kParallelStepWork multiply-adds,
+    the RNN's too) for the native loop to split the hidden units over OpenMP's threads (two
+    slices of unequal size here), meeting at barriers. R is scaled so the state does not amplify
+    float32 rounding step after step (at the other tests' scale an RNN this wide is chaotic: any
+    two summation orders part by 2e-5 in 7 steps)."""
+    proto, arrays = recurrent(op, hidden=136, features=8, directions=2, lens=True, initial=True,
+                              scale=0.07, **options)
     check(proto, [feed(proto, arrays, 7, 4, lens=[7, 3, 5, 1]), feed(proto, arrays, 3, 4, lens=[3, 3, 3, 3])],
           tmp_path, True)
 
@@ -331,7 +332,7 @@ def test_threads_giving_up_on_a_busy_machine_keep_the_outputs_bit_for_bit(op, tm
 
     from edgec.core.busy import busy_processes
 
-    proto, arrays = recurrent(op, hidden=72, features=8, lens=True, initial=True, scale=0.1)
+    proto, arrays = recurrent(op, hidden=136, features=8, lens=True, initial=True, scale=0.07)
     feeds = [feed(proto, arrays, 40, 4, lens=[40, 31, 17, 40])]
     run_edgec(proto, feeds, tmp_path)
     loaded = runtime.load(tmp_path / "recurrent.edgec", threads=2)
