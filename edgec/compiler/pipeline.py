@@ -37,6 +37,7 @@ from edgec.compiler.importer import from_onnx
 from edgec.compiler.importer.converter_table import BUILT_IN, converter_table
 from edgec.compiler.importer.expand import expand_functions, value_types
 from edgec.compiler.importer.fold import fix_inputs, fold_constants
+from edgec.compiler.importer.pads import fold_pads
 from edgec.compiler.importer.recurrent import rewrite_recurrent
 from edgec.compiler.importer.transposes import sink_transposes
 from edgec.compiler.ir import extern_symbols
@@ -109,8 +110,9 @@ def onnx_passes(name: str, converters: Mapping[str, Any], native_loops: bool,
                 constants: Mapping[str, np.ndarray]) -> list[tuple[str, OnnxPass]]:
     """The ONNX-level passes before TVM's importer, in order: inputs the plan fixed become
     constants, recurrent layers become loops (``native_loops``: edgec's CPU time loop), model
-    functions the converters lack are expanded, what is known at compile time is folded, and
-    transposes are pushed through layout-free ops until they cancel."""
+    functions the converters lack are expanded, what is known at compile time is folded,
+    transposes are pushed through layout-free ops until they cancel, and zero pads become their
+    convolutions' own padding."""
     known = lambda op: op in converters or op in BUILT_IN  # noqa: E731
     return [
         ("fix_inputs", lambda proto: fix_inputs(proto, dict(constants))),
@@ -119,6 +121,7 @@ def onnx_passes(name: str, converters: Mapping[str, Any], native_loops: bool,
         ("expand", lambda proto: expand_functions(proto, known)),
         ("fold", fold_constants),
         ("transposes", sink_transposes),
+        ("pads", fold_pads),
     ]
 
 
