@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from edgec.core.dims import unify_dims
 from edgec.errors import InputFileError, ModelError
@@ -259,6 +259,18 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
         yield node
         for sub in subgraphs(node):
             yield from all_nodes(sub)
+
+
+def graph_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The values of ``graph``'s initializers and of its ``Constant`` nodes that hold a ``value``
+    tensor, by name (its subgraphs' not included)."""
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and len(node.output) == 1:
+            value = next((a for a in node.attribute if a.name == "value"), None)
+            if value is not None and value.type == onnx.AttributeProto.TENSOR:
+                constants[node.output[0]] = numpy_helper.to_array(value.t)
+    return constants
 
 
 def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> Model:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from edgec.core.model import all_nodes, subgraphs
+from edgec.core.model import all_nodes, attribute_text, graph_constants, subgraphs
 
 
 def fold_pads(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -52,16 +52,8 @@ def fold_pads(proto: onnx.ModelProto) -> onnx.ModelProto:
 class _Folding:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.graph = graph
-        self.constants: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        self.producer: dict[str, onnx.NodeProto] = {}
-        for node in graph.node:
-            for name in node.output:
-                self.producer[name] = node
-            if node.op_type == "Constant" and len(node.output) == 1:
-                value = next((a for a in node.attribute if a.name == "value"), None)
-                if value is not None and value.type == onnx.AttributeProto.TENSOR:
-                    self.constants[node.output[0]] = numpy_helper.to_array(value.t)
+        self.constants = graph_constants(graph)
+        self.producer = {name: node for node in graph.node for name in node.output}
         self.readers: dict[str, list[int]] = {}
         for index, node in enumerate(graph.node):
             for name in set(node.input):
@@ -75,7 +67,7 @@ class _Folding:
         """A zero, constant ``Pad``'s amounts as [begin per spatial dim..., end per spatial
         dim...] (its first two dims, batch and channels, unpadded), or None when it is not one."""
         attrs = {a.name: helper.get_attribute_value(a) for a in pad.attribute}
-        if attrs.get("mode", b"constant") not in (b"constant", "constant"):
+        if attribute_text(attrs.get("mode"), "constant") != "constant":
             return None
         if len(pad.input) > 3 and pad.input[3]:  # opset 18's axes: left as they are
             return None
@@ -128,7 +120,7 @@ class _Folding:
             if sum(name in read for name in node.input) != 1 or node.input[0] not in read:
                 return False
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
+            if attribute_text(attrs.get("auto_pad"), "NOTSET") not in ("NOTSET", "VALID"):
                 return False
             own = list(attrs.get("pads", [0] * len(pads)))
             if len(own) != len(pads):

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgec.core.model import all_nodes, subgraphs
+from edgec.core.model import all_nodes, graph_constants, subgraphs
 
 _UNARY = {
     "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
@@ -93,13 +93,7 @@ class _Sinking:
     def __init__(self, graph: onnx.GraphProto, opset: int) -> None:
         self.graph = graph
         self.opset = opset
-        self.constants: dict[str, np.ndarray] = {
-            init.name: numpy_helper.to_array(init) for init in graph.initializer}
-        for node in graph.node:
-            if node.op_type == "Constant" and len(node.output) == 1:
-                value = next((a for a in node.attribute if a.name == "value"), None)
-                if value is not None and value.type == onnx.AttributeProto.TENSOR:
-                    self.constants[node.output[0]] = numpy_helper.to_array(value.t)
+        self.constants: dict[str, np.ndarray] = graph_constants(graph)
         self.carried: dict[str, _Carried] = {}
         self.replaced: set[str] = set()  # constants some rewrite reads a permuted copy of
         self.parent: list[int] = []
