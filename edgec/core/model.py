@@ -261,16 +261,37 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
             yield from all_nodes(sub)
 
 
-def graph_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def graph_constants(graph: onnx.GraphProto,
+                    names: set[str] | None = None) -> dict[str, np.ndarray]:
     """The values of ``graph``'s initializers and of its ``Constant`` nodes that hold a ``value``
-    tensor, by name (its subgraphs' not included)."""
-    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+    tensor, by name (its subgraphs' not included); only those in ``names`` when given (a pass
+    that reads a few small constants need not copy every weight)."""
+    wanted = (lambda name: True) if names is None else names.__contains__
+    constants = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+                 if wanted(init.name)}
     for node in graph.node:
-        if node.op_type == "Constant" and len(node.output) == 1:
+        if node.op_type == "Constant" and len(node.output) == 1 and wanted(node.output[0]):
             value = next((a for a in node.attribute if a.name == "value"), None)
             if value is not None and value.type == onnx.AttributeProto.TENSOR:
                 constants[node.output[0]] = numpy_helper.to_array(value.t)
     return constants
+
+
+def graph_readers(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """The indices of the nodes of ``graph`` (not of its subgraphs) that read each value, each
+    node once per value."""
+    readers: dict[str, list[int]] = {}
+    for index, node in enumerate(graph.node):
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(index)
+    return readers
+
+
+def subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """The values that nodes inside ``graph``'s If branches and loop bodies read (at any depth):
+    a pass that rewrites ``graph`` must leave them as written."""
+    return {name for node in graph.node for sub in subgraphs(node)
+            for inner in all_nodes(sub) for name in inner.input}
 
 
 def from_proto(proto: onnx.ModelProto, name: str = "model", path: str = "") -> Model:

@@ -14,11 +14,23 @@ of at least 0 and every window keeps one real value (pads smaller than the windo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper
 
-from edgec.core.model import all_nodes, attribute_text, graph_constants, subgraphs
+from edgec.core.model import attribute_text, graph_constants, graph_readers, subgraph_reads
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """One foldable ``Pad``: its spatial pads, the nodes that take them, the Identity nodes
+    between (removed with it)."""
+
+    pads: list[int]
+    readers: list[int]
+    identities: list[int]
 
 
 def fold_pads(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -28,22 +40,18 @@ def fold_pads(proto: onnx.ModelProto) -> onnx.ModelProto:
     if not any(node.op_type == "Pad" for node in graph.node):
         return proto
     folding = _Folding(graph)
-    foldable = [i for i, node in enumerate(graph.node)
-                if node.op_type == "Pad" and folding.spatial_pads(node) is not None
-                and folding.readers_accept(node)]
-    if not foldable:
+    folds = {index: fold for index, node in enumerate(graph.node)
+             if node.op_type == "Pad" and (fold := folding.fold(node)) is not None}
+    if not folds:
         return proto
     proto = onnx.ModelProto.FromString(proto.SerializeToString())
     nodes = proto.graph.node
     removed: list[int] = []
-    for index in foldable:
-        pad = nodes[index]
-        pads = folding.spatial_pads(pad)
-        readers, identities = folding.reach(pad.output[0])
-        for reader in readers:
-            _widen(nodes[reader], pads)
-            nodes[reader].input[0] = pad.input[0]
-        removed += [index] + identities
+    for index, fold in folds.items():
+        for reader in fold.readers:
+            _widen(nodes[reader], fold.pads)
+            nodes[reader].input[0] = nodes[index].input[0]
+        removed += [index] + fold.identities
     for index in sorted(removed, reverse=True):
         del nodes[index]
     return proto
@@ -52,16 +60,24 @@ def fold_pads(proto: onnx.ModelProto) -> onnx.ModelProto:
 class _Folding:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.graph = graph
-        self.constants = graph_constants(graph)
+        # The constants a fold reads: Pad's pads and value, Clip's lower bound.
+        small = {name for node in graph.node if node.op_type in ("Pad", "Clip")
+                 for name in node.input[1:3]}
+        self.constants = graph_constants(graph, small)
         self.producer = {name: node for node in graph.node for name in node.output}
-        self.readers: dict[str, list[int]] = {}
-        for index, node in enumerate(graph.node):
-            for name in set(node.input):
-                self.readers.setdefault(name, []).append(index)
+        self.readers = graph_readers(graph)
         # Values read inside an If branch or a loop body, or by the caller, stay as they are.
-        self.kept = {name for node in graph.node for sub in subgraphs(node)
-                     for inner in all_nodes(sub) for name in inner.input}
-        self.kept |= {value.name for value in graph.output}
+        self.kept = subgraph_reads(graph) | {value.name for value in graph.output}
+
+    def fold(self, pad: onnx.NodeProto) -> _Fold | None:
+        """How ``pad`` folds into its readers, or None when it cannot."""
+        pads = self.spatial_pads(pad)
+        if pads is None:
+            return None
+        readers, identities = self.reach(pad.output[0])
+        if -1 in readers or not self.readers_accept(pad, pads, readers, identities):
+            return None
+        return _Fold(pads, readers, identities)
 
     def spatial_pads(self, pad: onnx.NodeProto) -> list[int] | None:
         """A zero, constant ``Pad``'s amounts as [begin per spatial dim..., end per spatial
@@ -108,13 +124,10 @@ class _Folding:
                     readers.append(index)
         return readers, identities
 
-    def readers_accept(self, pad: onnx.NodeProto) -> bool:
-        """Whether every reader of ``pad``'s output can take its pads as its own."""
-        readers, identities = self.reach(pad.output[0])
-        if -1 in readers:
-            return False
+    def readers_accept(self, pad: onnx.NodeProto, pads: list[int], readers: list[int],
+                       identities: list[int]) -> bool:
+        """Whether every reader of ``pad``'s output (``reach``'s) can take ``pads`` as its own."""
         read = {pad.output[0]} | {self.graph.node[i].output[0] for i in identities}
-        pads = self.spatial_pads(pad)
         for index in readers:
             node = self.graph.node[index]
             if sum(name in read for name in node.input) != 1 or node.input[0] not in read:

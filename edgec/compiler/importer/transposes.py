@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgec.core.model import all_nodes, graph_constants, subgraphs
+from edgec.core.model import all_nodes, graph_constants, graph_readers, subgraph_reads
 
 _UNARY = {
     "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh",
@@ -100,8 +100,7 @@ class _Sinking:
         self.names: set[str] = {name for node in all_nodes(graph) for name in node.output}
         self.names |= {v.name for v in graph.input} | set(self.constants)
         # Values read inside an If branch or loop body are read as written.
-        self.outer_reads = {name for node in graph.node for sub in subgraphs(node)
-                            for inner in all_nodes(sub) for name in inner.input}
+        self.outer_reads = subgraph_reads(graph)
 
     # --- planning ---------------------------------------------------------------------------
 
@@ -277,17 +276,10 @@ class _Sinking:
 
     # --- choosing and rewriting ----------------------------------------------------------------
 
-    def _readers(self) -> dict[str, list[int]]:
-        readers: dict[str, list[int]] = {}
-        for index, node in enumerate(self.graph.node):
-            for name in node.input:
-                readers.setdefault(name, []).append(index)
-        return readers
-
     def _materialized(self, plans: dict[int, _Plan]) -> dict[str, _Carried]:
         """The carried values something outside their group's rewrite reads: each must be
         transposed back under its own name."""
-        readers = self._readers()
+        readers = graph_readers(self.graph)
         outputs = {v.name for v in self.graph.output}
         needed: dict[str, _Carried] = {}
         for name, carried in self.carried.items():
