@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <ctime>
 #include <initializer_list>
@@ -145,10 +146,16 @@ constexpr int64_t kSerialConvMacs = int64_t(1) << 18;
 // waits for every OpenMP thread; when other processes hold the cores, a descheduled partner keeps
 // the caller waiting for a scheduler time slice (a few ms) per call: beside 2 CPU-bound processes
 // on 2 cores, hf_hubert's oneDNN calls made it 5-32x onnxruntime's time, 1.1-1.3x with one
-// thread. A parallel call whose caller spent more than kStallNs, and more than half the call,
-// off its CPU (libgomp sleeps after GOMP_SPINCOUNT spins, which edgec's runtime keeps short)
-// makes the next calls run on one thread for a hold that doubles with each stalled call, up to
-// kMaxHoldNs, and halves with each clean one; the first parallel call after a hold is the probe.
+// thread. A parallel call stalls when its caller spent more than kStallNs, and more than half the
+// call, off its CPU (libgomp sleeps after GOMP_SPINCOUNT spins, which edgec's runtime keeps
+// short). A stall makes the next calls run on one thread, for a hold that doubles with each
+// stalled call, up to kMaxHoldNs, and halves with each clean one (the first parallel call after a
+// hold is the probe), but only while the caller's time off its CPU is also above kBusyShare of
+// the parallel calls' wall time of the last ~kHalfLifeNs (sums that halve every kHalfLifeNs):
+// partners kept off their cores by busy processes put it near or above a half, while the quiet
+// cores of a virtual machine lose 0.2-1 ms now and then to its host, a few percent of a model's
+// calls. Holding on every such stall ran mobilenet_v2 at 2 threads on a quiet VM at 9.25 ms
+// (median of rounds) against 7.2 ms without holds, slower than onnxruntime.
 // The recurrent loop in runtime_kernels.cc detects its stalls at its own per-step barrier.
 class Contention {
  public:
@@ -161,15 +168,19 @@ class Contention {
 
   // After a parallel call: its wall time and its calling thread's CPU time, in ns.
   void Observe(int64_t wall_ns, int64_t cpu_ns) {
-    const int64_t off_cpu = wall_ns - cpu_ns;
-    int64_t hold = hold_.load(std::memory_order_relaxed);
-    if (off_cpu > kStallNs && off_cpu > cpu_ns) {
-      hold = std::min(hold * 2, kMaxHoldNs);
-      serial_until_.store(MonotonicNs() + hold, std::memory_order_relaxed);
+    const int64_t off_cpu = std::max<int64_t>(wall_ns - cpu_ns, 0);
+    const int64_t now = MonotonicNs();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const double decay = std::exp2(-static_cast<double>(now - last_ns_) / kHalfLifeNs);
+    last_ns_ = now;
+    wall_sum_ = wall_sum_ * decay + static_cast<double>(wall_ns);
+    off_sum_ = off_sum_ * decay + static_cast<double>(off_cpu);
+    if (off_cpu > kStallNs && off_cpu > cpu_ns && off_sum_ > kBusyShare * wall_sum_) {
+      hold_ = std::min(hold_ * 2, kMaxHoldNs);
+      serial_until_.store(now + hold_, std::memory_order_relaxed);
     } else {
-      hold = std::max(hold / 2, kMinHoldNs / 2);
+      hold_ = std::max(hold_ / 2, kMinHoldNs / 2);
     }
-    hold_.store(hold, std::memory_order_relaxed);
   }
 
   static int64_t MonotonicNs() { return Clock(CLOCK_MONOTONIC); }
@@ -179,6 +190,8 @@ class Contention {
   static constexpr int64_t kStallNs = 200 * 1000;
   static constexpr int64_t kMinHoldNs = 20 * 1000 * 1000;
   static constexpr int64_t kMaxHoldNs = 2000 * 1000 * 1000;
+  static constexpr double kHalfLifeNs = 50e6;
+  static constexpr double kBusyShare = 0.25;
 
   static int64_t Clock(clockid_t clock) {
     timespec t;
@@ -187,7 +200,10 @@ class Contention {
   }
 
   std::atomic<int64_t> serial_until_{0};
-  std::atomic<int64_t> hold_{kMinHoldNs / 2};
+  std::mutex mutex_;  // over the sums and the hold, updated once per parallel call
+  int64_t hold_ = kMinHoldNs / 2;
+  int64_t last_ns_ = 0;
+  double wall_sum_ = 0.0, off_sum_ = 0.0;
 };
 
 // How one oneDNN call runs, for its lifetime: on the calling thread only when `small` (its work
