@@ -154,8 +154,9 @@ constexpr int64_t kSerialConvMacs = int64_t(1) << 18;
 // the parallel calls' wall time of the last ~kHalfLifeNs (sums that halve every kHalfLifeNs):
 // partners kept off their cores by busy processes put it near or above a half, while the quiet
 // cores of a virtual machine lose 0.2-1 ms now and then to its host, a few percent of a model's
-// calls. Holding on every such stall ran mobilenet_v2 at 2 threads on a quiet VM at 9.25 ms
-// (median of rounds) against 7.2 ms without holds, slower than onnxruntime.
+// calls. Holding on every such stall, tv_mobilenet_v2 alone at 2 threads on a quiet VM held 4-7
+// times in 105 calls (each hold 20 ms or more on one thread); it holds none now, and beside 2
+// CPU-bound processes it still does.
 // The recurrent loop in runtime_kernels.cc detects its stalls at its own per-step barrier.
 class Contention {
  public:
