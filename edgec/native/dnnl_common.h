@@ -170,8 +170,8 @@ class Contention {
   // After a parallel call: its wall time and its calling thread's CPU time, in ns.
   void Observe(int64_t wall_ns, int64_t cpu_ns) {
     const int64_t off_cpu = std::max<int64_t>(wall_ns - cpu_ns, 0);
-    const int64_t now = MonotonicNs();
     std::lock_guard<std::mutex> lock(mutex_);
+    const int64_t now = MonotonicNs();  // under the lock: never before another call's last_ns_
     const double decay = std::exp2(-static_cast<double>(now - last_ns_) / kHalfLifeNs);
     last_ns_ = now;
     wall_sum_ = wall_sum_ * decay + static_cast<double>(wall_ns);
