@@ -245,8 +245,8 @@ class Model:
 
     def _release_staging(self, outputs: list[Any]) -> None:
         """Give up the staging copies an output's memory lies in: the caller now holds them."""
-        for name, (copy, _) in list(self._staging.items()):
-            start = self._address(copy)
+        for name, (copy, tensor) in list(self._staging.items()):
+            start = tensor.data_ptr()  # the copy's address, without another DLPack import
             if any(start <= value.data_ptr() < start + copy.nbytes for value in outputs):
                 del self._staging[name]
 

@@ -183,10 +183,7 @@ def test_misaligned_inputs_refill_a_staging_copy_that_outputs_never_share(tmp_pa
 
     from edgec.core.model import from_proto
     from edgec.core.samples import Sample
-    from edgec.core.targets import load_target
-    from edgec.stages.build import build
-    from edgec.stages.plan import plan
-    from edgec.stages.profile import profile
+    from edgec.driver import compile as compile_model
 
     two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
     graph = helper.make_graph(
@@ -199,9 +196,7 @@ def test_misaligned_inputs_refill_a_staging_copy_that_outputs_never_share(tmp_pa
     proto.ir_version = 8
     model = from_proto(proto)
     sample = Sample("s", {"x": np.zeros((2, 3), np.float32), "w": np.zeros((2, 3), np.float32)})
-    target = load_target("x86_64")
-    path = build(model, plan(model, profile(model, [sample]), target), [target]).save(
-        tmp_path / "g.edgec")
+    path = compile_model(model, [sample]).artifact.save(tmp_path / "g.edgec")
     loaded = runtime.load(path)
     rng = np.random.default_rng(0)
     calls = [{n: rng.standard_normal((2, 3)).astype(np.float32) for n in ("x", "w")}
