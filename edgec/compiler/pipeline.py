@@ -158,7 +158,16 @@ def _tvm_lowering(kind: str):
 def library_rules(backend: Backend, target: Target, options: Options):
     """What goes to the target's library in this build: the backend's rules for the target, or
     None when the target enables no library or the plan routes every op to TVM."""
-    return backend.library_rules(target) if options.library else None
+    rules = backend.library_rules(target) if options.library else None
+    quantized = options.quantized
+    if rules is None or quantized is None or quantized.mode == "fp16":
+        return rules
+    # Quantized layers are int8 (or bf16) only as library calls, and a layer must be so in
+    # every function the plan made (a specialization's static shapes may make a matmul tiny).
+    rules = replace(rules, dense_min_macs=0)
+    if quantized.layers("bf16") and rules.block:
+        rules = replace(rules, channels_last=True)  # the layout of oneDNN's AMX bf16 kernels
+    return rules
 
 
 def prepare_passes(backend: Backend, target: Target, options: Options, record: Record) -> list:
@@ -168,11 +177,6 @@ def prepare_passes(backend: Backend, target: Target, options: Options, record: R
     quantized = options.quantized
     int8 = quantized is not None and quantized.mode != "fp16"
     if rules is not None:
-        if int8:
-            # Quantized layers are int8 only as library calls, and a layer must be int8 in
-            # every function the plan made (a specialization's static shapes may make a matmul
-            # tiny).
-            rules = replace(rules, dense_min_macs=0)
         passes += [library_offload.Canonicalize(), library_offload.Offload(rules),
                    library_offload.PropagateLayout(rules)]
     if backend.fast_math:  # after the offload: its activation patterns read erf and sigmoid

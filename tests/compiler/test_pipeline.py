@@ -66,6 +66,20 @@ def test_gpu_phases_come_from_the_backends_capabilities():
         pipeline.phases(backend, target, int8, pipeline.Record())
 
 
+def test_quantized_builds_send_every_quantized_layer_to_the_library():
+    target = load_target("x86_64-avx512")
+    backend = backend_for(target)
+    fp32 = pipeline.library_rules(backend, target, pipeline.Options())
+    assert fp32.dense_min_macs > 0 and not fp32.nhwc
+    for mode, nhwc in (("int8-static", False), ("bf16", True)):
+        lowering = QuantizedLowering(mode, "asymmetric", {"fc": {"precision": mode}}, None)
+        rules = pipeline.library_rules(backend, target, pipeline.Options(quantized=lowering))
+        # Every quantized layer a library call; bf16 activations NHWC, the AMX kernels' layout.
+        assert rules.dense_min_macs == 0 and rules.nhwc == nhwc and rules.block == 16, mode
+    kept = QuantizedLowering("bf16", "asymmetric", {"fc": {"precision": "fp32"}}, None)
+    assert not pipeline.library_rules(backend, target, pipeline.Options(quantized=kept)).nhwc
+
+
 def test_every_registered_backend_names_a_lowering_the_pipeline_knows():
     for backend in BACKENDS.values():
         assert pipeline._tvm_lowering(backend.lowering) is not None

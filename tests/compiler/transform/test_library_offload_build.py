@@ -344,6 +344,18 @@ def test_xnn_rules_without_layout_keep_nchw():
     assert all(len(shape) in (2, 4) for _, shape in _library_calls(out))
 
 
+def test_channels_last_keeps_onednn_activations_nhwc():
+    """bf16 builds: oneDNN's AMX kernels read and write NHWC, so no tensor between its
+    convolutions is blocked, whatever its channel count."""
+    mod = import_model(from_proto(cnn_model(), "cnn"))
+    out, stats = dispatch_with_stats(mod, DispatchRules(block=16, channels_last=True))
+    assert stats.calls["edgec_dnnl_conv2d"] == 5
+    convs = [shape for name, shape in _library_calls(out) if "conv2d" in name]
+    assert len(convs) == 6 and all(len(s) == 5 and s[1] == 1 for s in convs), convs
+    blocked, _ = dispatch_with_stats(mod, DispatchRules(block=16))
+    assert any(s[1] > 1 for name, s in _library_calls(blocked) if "conv2d" in name)
+
+
 def test_dispatch_rules_refuse_an_unknown_library():
     with pytest.raises(ValueError, match="known: dnnl, xnn"):
         DispatchRules(library="acl")

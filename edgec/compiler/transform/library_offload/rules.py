@@ -52,6 +52,10 @@ class DispatchRules:
     NCHW{block}c (16 suits AVX-512 kernels, 8 AVX2 ones; tensors whose channels 16 does not
     divide use 8), and the TVM ops between them that can run blocked (elementwise, pooling,
     channel concat, spatial mean) do; 0 keeps every tensor NCHW.
+    ``channels_last``: activations between library convolutions are NHWC ([N, 1, H, W, C])
+    instead of blocked (``block`` must be nonzero). oneDNN's AMX bf16 convolutions read and
+    write NHWC only: on blocked tensors they reordered every input and output, 6 of resnet50's
+    17.6 ms (measured, 2 cores, Sapphire Rapids). Builds with bf16 layers set it.
     ``batch_matmul``: a matmul of two float32 activations of rank 3 or 4 with the same batch
     dims (attention's scores and weighted values) goes to oneDNN's batched matmul; TVM's kernel
     for it ran ViT at 3.2x and the Whisper encoder at 10.6x onnxruntime's time. oneDNN only: the
@@ -88,6 +92,7 @@ class DispatchRules:
     pool2d: bool = False
     resize2d: bool = False
     norm_min_elements: int = 8192
+    channels_last: bool = False
     activations: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
@@ -113,7 +118,7 @@ class DispatchRules:
     @property
     def nhwc(self) -> bool:
         """Whether activations between library calls are NHWC rather than blocked."""
-        return self.library == "xnn"
+        return self.library == "xnn" or self.channels_last
 
 
 @dataclass
