@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from edgec import runtime
 from edgec.compiler.backends import backend_for
 from edgec.core import remote
 from edgec.core.model import Model, from_proto
+from edgec.core.quant_layers import find_layers
 from edgec.core.quant_schemes import INTEGER_PRECISIONS
 from edgec.core.sequences import flatten as flatten_structured
 from edgec.core.reference import reference_session
@@ -37,7 +38,7 @@ from edgec.stages.measure import measure_model
 from edgec.stages.plan import Plan, PlanSettings, plan
 from edgec.stages.profile import Profile, profile
 from edgec.stages.quantize import (Quantization, QuantizeSettings, accuracy, bf16_available,
-                                   held_out_split, quantize)
+                                   bf16_slower, held_out_split, quantize)
 
 # A compiled artifact over budget (the simulation was optimistic) is rebuilt at most this often.
 MAX_REBUILDS = 2
@@ -254,9 +255,10 @@ def build_guarded(model: Model, the_plan: Plan, targets: list[Target], quant: Qu
             quant, INTEGER_PRECISIONS, "int8-weight", model, the_plan, targets,
             held_out, targets_chosen, dump_ir)
     if bf16_available(targets[0]) and any(l["kind"] != "embedding" for l in quant.layers):
+        slow = {l.name: why for l in find_layers(model.proto) if (why := bf16_slower(l))}
         variants["bf16"] = _variant(
             quant, ("int8-static", "int8-dynamic", "int8-weight", "fp32"), "bf16", model, the_plan,
-            targets, held_out, targets_chosen, dump_ir)
+            targets, held_out, targets_chosen, dump_ir, kept_fp32=slow)
     if len(variants) == 1:
         return artifact, quant
     budget = quant.settings.max_accuracy_drop
@@ -273,13 +275,18 @@ def build_guarded(model: Model, the_plan: Plan, targets: list[Target], quant: Qu
 
 def _variant(quant: Quantization, precisions: tuple[str, ...], to: str, model: Model,
              the_plan: Plan, targets: list[Target], held_out: Sequence[Sample],
-             targets_chosen: str, dump_ir: str | Path | None) -> tuple[Artifact, Quantization]:
-    """``quant`` with its dense and conv layers at ``precisions`` moved to ``to``, built within
-    the budget (``_build_within_budget`` keeps the most sensitive fp32)."""
+             targets_chosen: str, dump_ir: str | Path | None,
+             kept_fp32: Mapping[str, str] | None = None) -> tuple[Artifact, Quantization]:
+    """``quant`` with its dense and conv layers at ``precisions`` moved to ``to`` (those named in
+    ``kept_fp32`` to fp32, for the reason given), built within the budget
+    (``_build_within_budget`` keeps the most sensitive fp32)."""
     layers = []
     for layer in quant.layers:
         layer = dict(layer)
-        if layer["kind"] != "embedding" and layer["precision"] in precisions:
+        if layer["name"] in (kept_fp32 or {}):
+            layer["precision"], layer["activation"] = "fp32", None
+            layer["reason"] = kept_fp32[layer["name"]]
+        elif layer["kind"] != "embedding" and layer["precision"] in precisions:
             layer["reason"] = f"{to}: faster than {layer['precision']} as measured (see cost)"
             layer["precision"], layer["activation"] = to, None
         layers.append(layer)

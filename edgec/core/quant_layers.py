@@ -32,6 +32,10 @@ class Layer:
     weight: str  # the initializer's name
     activation: str  # the input the weight multiplies (or the indices, for an embedding)
     weight_axis: int  # the output-channel axis of the initializer (rows, for an embedding)
+    # Multiply-adds per output element (the reduction: K of a matmul, IC/groups x KH x KW of a
+    # convolution) and per input element (N; OC/groups x KH x KW); 0 for an embedding.
+    reduction: int = 0
+    fan_out: int = 0
 
     def compiled_weight(self, array: np.ndarray) -> np.ndarray:
         """The initializer as the compiled program holds it after library dispatch."""
@@ -51,14 +55,20 @@ def find_layers(proto: onnx.ModelProto) -> list[Layer]:
             weight = inits[node.input[1]]
             if weight.data_type != onnx.TensorProto.FLOAT:
                 continue
-            if op == "MatMul" and len(weight.dims) == 2:
-                layers.append(Layer(node.name, op, "dense", weight.name, node.input[0], 1))
+            dims = list(weight.dims)
+            if op == "MatMul" and len(dims) == 2:
+                layers.append(Layer(node.name, op, "dense", weight.name, node.input[0], 1,
+                                    dims[0], dims[1]))
             elif (op == "Gemm" and not attrs.get("transA", 0)
                   and float(attrs.get("alpha", 1.0)) == 1.0):
                 axis = 0 if attrs.get("transB", 0) else 1
-                layers.append(Layer(node.name, op, "dense", weight.name, node.input[0], axis))
-            elif op == "Conv" and len(weight.dims) == 4:
-                layers.append(Layer(node.name, op, "conv", weight.name, node.input[0], 0))
+                layers.append(Layer(node.name, op, "dense", weight.name, node.input[0], axis,
+                                    dims[1 - axis], dims[axis]))
+            elif op == "Conv" and len(dims) == 4:
+                kernel = dims[2] * dims[3]
+                out_per_group = dims[0] // max(int(attrs.get("group", 1)), 1)
+                layers.append(Layer(node.name, op, "conv", weight.name, node.input[0], 0,
+                                    dims[1] * kernel, out_per_group * kernel))
         elif (op == "Gather" and node.input[0] in inits and int(attrs.get("axis", 0)) == 0
               and inits[node.input[0]].data_type == onnx.TensorProto.FLOAT
               and len(inits[node.input[0]].dims) == 2):

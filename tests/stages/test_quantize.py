@@ -38,13 +38,14 @@ def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
-def embed_mlp(vocab: int = 64, dim: int = 32) -> onnx.ModelProto:
-    """ids[1, 6] -> Gather(table) -> MatMul+Add -> Relu -> MatMul+Add -> hidden[1, 6, 16]."""
+def embed_mlp(vocab: int = 64, dim: int = 32, width: int = 48,
+              out: int = 16) -> onnx.ModelProto:
+    """ids[1, 6] -> Gather(table) -> MatMul+Add -> Relu -> MatMul+Add -> hidden[1, 6, out]."""
     rng = np.random.default_rng(0)
     inits = {
-        "table": rng.standard_normal((vocab, dim)), "w1": rng.standard_normal((dim, 48)) / 6,
-        "b1": rng.standard_normal(48) * 0.1, "w2": rng.standard_normal((48, 16)) / 7,
-        "b2": rng.standard_normal(16) * 0.1,
+        "table": rng.standard_normal((vocab, dim)), "w1": rng.standard_normal((dim, width)) / 6,
+        "b1": rng.standard_normal(width) * 0.1, "w2": rng.standard_normal((width, out)) / 7,
+        "b2": rng.standard_normal(out) * 0.1,
     }
     nodes = [
         helper.make_node("Gather", ["table", "ids"], ["e"], name="embed", axis=0),
@@ -56,7 +57,7 @@ def embed_mlp(vocab: int = 64, dim: int = 32) -> onnx.ModelProto:
     ]
     graph = helper.make_graph(
         nodes, "embed_mlp", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 6])],
-        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, 6, 16])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, 6, out])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
     return _model(graph)
 
@@ -684,24 +685,69 @@ def test_bf16_is_refused_where_the_target_has_no_avx512_kernels():
         assert "\n" not in str(caught.value) and name in str(caught.value)
 
 
+def bf16_cnn() -> onnx.ModelProto:
+    """image[2, 3, 8, 8] -> Conv 3->32 -> Conv 32->128 -> depthwise Conv -> Conv 1x1 128->32
+    -> GAP -> Gemm 32->128 -> Gemm 128->10 -> logits[2, 10], Relu after each but the last."""
+    rng = np.random.default_rng(2)
+    shapes = {"c1": (32, 3, 3, 3), "c2": (128, 32, 3, 3), "dw": (128, 1, 3, 3),
+              "pw": (32, 128, 1, 1)}
+    inits = {f"{n}.w": rng.standard_normal(s) / np.sqrt(np.prod(s[1:])) for n, s in shapes.items()}
+    inits.update({f"{n}.b": rng.standard_normal(s[0]) * 0.1 for n, s in shapes.items()})
+    inits.update({"fc1.w": rng.standard_normal((32, 128)) / 6, "fc1.b": np.zeros(128),
+                  "fc2.w": rng.standard_normal((128, 10)) / 11, "fc2.b": np.zeros(10)})
+    nodes, x = [], "image"
+    for name in shapes:
+        group = {"group": 128} if name == "dw" else {}
+        pads = [0] * 4 if name == "pw" else [1] * 4
+        nodes += [helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [name], name=name,
+                                   pads=pads, **group),
+                  helper.make_node("Relu", [name], [f"{name}.r"])]
+        x = f"{name}.r"
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["gap"]),
+              helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+              helper.make_node("Gemm", ["flat", "fc1.w", "fc1.b"], ["fc1"], name="fc1"),
+              helper.make_node("Relu", ["fc1"], ["fc1.r"]),
+              helper.make_node("Gemm", ["fc1.r", "fc2.w", "fc2.b"], ["logits"], name="fc2")]
+    graph = helper.make_graph(
+        nodes, "bf16_cnn",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 10])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    return _model(graph)
+
+
+def bf16_cnn_samples(count: int, seed: int) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    return [Sample(f"s{i}", {"image": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)})
+            for i in range(count)]
+
+
 @needs_bf16
 def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_feature(tmp_path):
-    """dense and conv layers in bf16 (the embedding stays fp32): the outputs move off fp32 by
-    bf16's rounding, not more, match the simulation, and the manifest requires avx512_bf16."""
+    """dense and conv layers in bf16 where they have the work for it (the embedding, the
+    depthwise and the narrow layers stay fp32): the outputs move off fp32 by bf16's rounding,
+    not more, match the simulation, and the manifest requires avx512_bf16."""
     target = load_target("x86_64-avx512")
-    for proto, samples, output in ((embed_mlp(), embed_samples, "hidden"),
-                                   (small_cnn(), cnn_samples, "logits")):
+    wide_mlp = embed_mlp(width=128, out=128)
+    # Reductions under 32 (conv c1: 27, the depthwise: 9) and fan-outs under 96 (pw: 32,
+    # fc2: 10) stay fp32; the MLP's 32x128 and 128x128 layers and c2, fc1 are bf16.
+    expected = [(wide_mlp, embed_samples, "hidden", {"fc1": "bf16", "fc2": "bf16"}),
+                (bf16_cnn(), bf16_cnn_samples, "logits",
+                 {"c1": "fp32", "c2": "bf16", "dw": "fp32", "pw": "fp32", "fc1": "bf16",
+                  "fc2": "fp32"})]
+    for proto, samples, output, precisions in expected:
         model = from_proto(proto, proto.graph.name)
         prof = profile(model, samples(6, 0))
         held_out = samples(3, 1)
         quant = quantize(model, prof, target, QuantizeSettings("bf16", 0.5), held_out)
-        assert {l["precision"] for l in quant.layers if l["kind"] != "embedding"} == {"bf16"}
+        assert {l["name"]: l["precision"] for l in quant.layers
+                if l["kind"] != "embedding"} == precisions
         assert all(l["precision"] == "fp32" for l in quant.layers if l["kind"] == "embedding")
         artifact = build_guarded(model, plan(model, prof, target), [target], quant, held_out)[0]
         library = artifact.manifest["libraries"][target.name]
         assert "avx512_bf16" in library["cpu_features"]
-        assert {l["precision"] for l in artifact.manifest["quantization"]["layers"]
-                if l["op"] != "Gather"} == {"bf16"}
+        assert {l["name"]: l["precision"] for l in artifact.manifest["quantization"]["layers"]
+                if l["op"] != "Gather"} == precisions
         outputs = _run(artifact, tmp_path, held_out)
         result = accuracy.compare(_reference(model, held_out), outputs)["outputs"][output]
         assert 1e-4 < result["max_abs"] and result["min_cosine"] > 0.9999
@@ -715,7 +761,7 @@ def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_featur
 
 @needs_bf16
 def test_auto_weighs_bf16_too_where_the_cpu_has_it():
-    model, _, prof, _ = _setup(embed_mlp(), embed_samples(8, 0))
+    model, _, prof, _ = _setup(embed_mlp(width=128, out=128), embed_samples(8, 0))
     target = load_target("x86_64-avx512")
     held_out = embed_samples(3, 1)
     quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)

@@ -12,10 +12,13 @@ Modes (``edgec compile --quantize``):
   profile's activation ranges (``--calibration percentile|minmax|entropy``, ``--quant-scheme
   asymmetric|symmetric``); layers with no recorded range fall back to dynamic (dense) or
   weight-only (conv); embeddings are weight-only.
-- ``bf16``: dense and conv layers compute in bf16 through oneDNN's AVX-512-bf16 kernels (weights
-  packed as bf16, the input converted per call, f32 accumulation and output); needs an x86
-  target with oneDNN and a CPU with ``avx512_bf16`` (the artifact then requires it); embeddings
-  and the ops between layers stay fp32. The guard keeps the most sensitive layers fp32.
+- ``bf16``: dense and conv layers compute in bf16 through oneDNN's AVX-512-bf16 and AMX kernels
+  (weights packed as bf16, the input converted per call, f32 accumulation and output,
+  activations NHWC between library calls); needs an x86 target with oneDNN and a CPU with
+  ``avx512_bf16`` (the artifact then requires it); embeddings, the ops between layers, and
+  layers with too little work per element for bf16 to pay (``BF16_MIN_REDUCTION``,
+  ``BF16_MIN_FAN_OUT``: depthwise and narrow convolutions) stay fp32. The guard keeps the most
+  sensitive layers fp32.
 - ``auto``: each layer starts at its most compact arithmetic (static, then dynamic, weight-only,
   fp32) and the guard moves the most sensitive ones down a step at a time until the budget
   holds. Then cost decides: integer arithmetic pays only on large enough layers (the zoo
@@ -74,7 +77,7 @@ BF16_FEATURE = "avx512_bf16"
 QUANTIZE_VERSION = 1
 
 __all__ = ["MODES", "BF16_FEATURE", "QuantizeSettings", "Quantization", "quantize",
-           "held_out_split", "bf16_available", "bf16_problem"]
+           "held_out_split", "bf16_available", "bf16_problem", "bf16_slower"]
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,26 @@ def bf16_problem(target: Target) -> str | None:
     return None
 
 
+# A bf16 layer converts its input to bf16 on every call and feeds AMX tiles 32 values deep: below
+# these, that conversion and the padded tiles cost more than bf16 saves. Per layer of
+# mobilenet_v3_large (oneDNN 2.6, 2 cores, Sapphire Rapids), bf16 was slower than fp32 on every
+# depthwise convolution (a reduction of 9 or 25) and every 1x1 one of 16-80 output channels, and
+# faster on every one of 112 or more.
+BF16_MIN_REDUCTION = 32
+BF16_MIN_FAN_OUT = 96
+
+
+def bf16_slower(layer: Layer) -> str | None:
+    """Why ``layer`` stays fp32 in bf16 mode, or None: too little work per element."""
+    if layer.reduction < BF16_MIN_REDUCTION:
+        return (f"fp32: bf16 is slower where a layer sums under {BF16_MIN_REDUCTION} products "
+                f"per output (this one {layer.reduction})")
+    if layer.fan_out < BF16_MIN_FAN_OUT:
+        return (f"fp32: bf16 is slower where each input feeds under {BF16_MIN_FAN_OUT} "
+                f"products (this one {layer.fan_out}), the per-call conversion dominating")
+    return None
+
+
 def bf16_available(target: Target) -> bool:
     """Whether ``target`` built here can run dense and conv layers in bf16."""
     return bf16_problem(target) is None
@@ -287,6 +310,8 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             precision, reason = "fp16", f"fp16: the {target.name} program in half precision"
         elif settings.mode == "bf16" and layer.kind == "embedding":
             precision, reason = "fp32", "fp32: bf16 converts matmuls and convolutions, not gathers"
+        elif settings.mode == "bf16" and (slow := bf16_slower(layer)):
+            precision, reason = "fp32", slow
         elif settings.mode == "bf16":
             precision, reason = "bf16", "bf16: input and weights in bf16, f32 accumulation"
         else:
