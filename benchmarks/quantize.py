@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from edgec.core.samples import load_samples
     from edgec.core.targets import load_target
     from edgec.fileio import write_text
-    from edgec.stages.quantize import QuantizeSettings
+    from edgec.stages.quantize import QuantizeSettings, held_out_split
 
     names = args.models.split(",") if args.models else SMALL if args.small else MODELS
     modes = ["none"] + [m for m in args.modes.split(",") if m and m != "none"]
@@ -156,13 +156,16 @@ def main(argv: list[str] | None = None) -> int:
                 model_dir = zoo.export(name, Path(tmp) / name, seed=0,
                                        count=args.samples or (4 if args.small else None))
             artifacts, manifests = {}, {}
+            model = edgec.load_model(model_dir / "model.onnx")
+            # Every mode, fp32 included, plans from the same samples: the guard's held-out ones
+            # would otherwise change a dynamic model's specializations, not only its precision.
+            profiling, held_out = held_out_split(load_samples(model_dir / "samples", model))
             for mode in modes:
                 artifact = Path(tmp) / f"{name}.{mode}.edgec"
                 print(f"quantize: compiling {name} --quantize {mode}", file=sys.stderr, flush=True)
-                model = edgec.load_model(model_dir / "model.onnx")
                 compiled = edgec.compile(
-                    model, load_samples(model_dir / "samples", model), [load_target(args.target)],
-                    edgec.CompileSettings(quantize=QuantizeSettings(mode)))
+                    model, profiling, [load_target(args.target)],
+                    edgec.CompileSettings(quantize=QuantizeSettings(mode)), held_out=held_out)
                 compiled.artifact.save(artifact)
                 artifacts[mode] = artifact
                 manifests[mode] = compiled.artifact.manifest

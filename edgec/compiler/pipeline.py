@@ -162,9 +162,11 @@ def library_rules(backend: Backend, target: Target, options: Options):
     quantized = options.quantized
     if rules is None or quantized is None or quantized.mode == "fp16":
         return rules
-    # Quantized layers are int8 (or bf16) only as library calls, and a layer must be so in
-    # every function the plan made (a specialization's static shapes may make a matmul tiny).
-    rules = replace(rules, dense_min_macs=0)
+    # Integer layers are int8 only as library calls, and a layer must be so in every function
+    # the plan made (a specialization's static shapes may make a matmul tiny). A bf16 layer too
+    # small for the library stays a TVM kernel in fp32, as the shim would run it (Bf16Pays).
+    if set(quantized.layers()) - set(quantized.layers("bf16")):
+        rules = replace(rules, dense_min_macs=0)
     if quantized.layers("bf16") and rules.block:
         rules = replace(rules, channels_last=True)  # the layout of oneDNN's AMX bf16 kernels
     return rules

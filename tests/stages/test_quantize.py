@@ -687,14 +687,14 @@ def test_bf16_is_refused_where_the_target_has_no_avx512_kernels():
 
 def bf16_cnn() -> onnx.ModelProto:
     """image[2, 3, 8, 8] -> Conv 3->32 -> Conv 32->128 -> depthwise Conv -> Conv 1x1 128->32
-    -> GAP -> Gemm 32->128 -> Gemm 128->10 -> logits[2, 10], Relu after each but the last."""
+    -> GAP -> Gemm 32->64 -> Gemm 64->10 -> logits[2, 10], Relu after each but the last."""
     rng = np.random.default_rng(2)
     shapes = {"c1": (32, 3, 3, 3), "c2": (128, 32, 3, 3), "dw": (128, 1, 3, 3),
               "pw": (32, 128, 1, 1)}
     inits = {f"{n}.w": rng.standard_normal(s) / np.sqrt(np.prod(s[1:])) for n, s in shapes.items()}
     inits.update({f"{n}.b": rng.standard_normal(s[0]) * 0.1 for n, s in shapes.items()})
-    inits.update({"fc1.w": rng.standard_normal((32, 128)) / 6, "fc1.b": np.zeros(128),
-                  "fc2.w": rng.standard_normal((128, 10)) / 11, "fc2.b": np.zeros(10)})
+    inits.update({"fc1.w": rng.standard_normal((32, 64)) / 6, "fc1.b": np.zeros(64),
+                  "fc2.w": rng.standard_normal((64, 10)) / 8, "fc2.b": np.zeros(10)})
     nodes, x = [], "image"
     for name in shapes:
         group = {"group": 128} if name == "dw" else {}
@@ -728,12 +728,12 @@ def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_featur
     depthwise and the narrow layers stay fp32): the outputs move off fp32 by bf16's rounding,
     not more, match the simulation, and the manifest requires avx512_bf16."""
     target = load_target("x86_64-avx512")
-    wide_mlp = embed_mlp(width=128, out=128)
-    # Reductions under 32 (conv c1: 27, the depthwise: 9) and fan-outs under 96 (pw: 32,
-    # fc2: 10) stay fp32; the MLP's 32x128 and 128x128 layers and c2, fc1 are bf16.
-    expected = [(wide_mlp, embed_samples, "hidden", {"fc1": "bf16", "fc2": "bf16"}),
+    # Reductions under 32 (conv c1: 27, the depthwise: 9) and fan-outs under 96 (pw: 32, fc1:
+    # 64, fc2: 10) stay fp32; c2 and the MLP's 512x512 layers (large enough to run bf16) are bf16.
+    expected = [(embed_mlp(dim=512, width=512, out=512), embed_samples, "hidden",
+                 {"fc1": "bf16", "fc2": "bf16"}),
                 (bf16_cnn(), bf16_cnn_samples, "logits",
-                 {"c1": "fp32", "c2": "bf16", "dw": "fp32", "pw": "fp32", "fc1": "bf16",
+                 {"c1": "fp32", "c2": "bf16", "dw": "fp32", "pw": "fp32", "fc1": "fp32",
                   "fc2": "fp32"})]
     for proto, samples, output, precisions in expected:
         model = from_proto(proto, proto.graph.name)
@@ -760,8 +760,24 @@ def test_bf16_layers_run_in_bf16_close_to_fp32_and_the_artifact_needs_the_featur
 
 
 @needs_bf16
+def test_bf16_dense_calls_too_small_to_gain_run_fp32(tmp_path):
+    """A bf16 dense of 6 rows over a 128x128 weight: converting its input costs more than bf16
+    saves, so the shim runs it fp32 (the guard assumed bf16: the result is only more exact)."""
+    model, _, prof, _ = _setup(embed_mlp(width=128, out=128), embed_samples(6, 0))
+    target = load_target("x86_64-avx512")
+    held_out = embed_samples(3, 1)
+    quant = quantize(model, prof, target, QuantizeSettings("bf16", 0.5), held_out)
+    assert {l["name"]: l["precision"] for l in quant.layers
+            if l["kind"] == "dense"} == {"fc1": "bf16", "fc2": "bf16"}
+    artifact = build_guarded(model, plan(model, prof, target), [target], quant, held_out)[0]
+    outputs = _run(artifact, tmp_path, held_out)
+    result = accuracy.compare(_reference(model, held_out), outputs)["outputs"]["hidden"]
+    assert result["max_abs"] < 1e-5  # bf16 moves it past 1e-4 (the test above)
+
+
+@needs_bf16
 def test_auto_weighs_bf16_too_where_the_cpu_has_it():
-    model, _, prof, _ = _setup(embed_mlp(width=128, out=128), embed_samples(8, 0))
+    model, _, prof, _ = _setup(embed_mlp(dim=512, width=512, out=512), embed_samples(8, 0))
     target = load_target("x86_64-avx512")
     held_out = embed_samples(3, 1)
     quant = quantize(model, prof, target, QuantizeSettings("auto", 0.5), held_out)

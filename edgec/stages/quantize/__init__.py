@@ -312,6 +312,9 @@ def quantize(model: Model, prof: Profile, target: Target, settings: QuantizeSett
             precision, reason = "fp32", "fp32: bf16 converts matmuls and convolutions, not gathers"
         elif settings.mode == "bf16" and (slow := bf16_slower(layer)):
             precision, reason = "fp32", slow
+        elif settings.mode == "bf16" and layer.kind == "dense":
+            precision, reason = "bf16", ("bf16: input and weights in bf16, f32 accumulation "
+                                         "(fp32 in calls too small to gain: the shim's Bf16Pays)")
         elif settings.mode == "bf16":
             precision, reason = "bf16", "bf16: input and weights in bf16, f32 accumulation"
         else:
