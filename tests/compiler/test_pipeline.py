@@ -71,14 +71,17 @@ def test_quantized_builds_send_every_quantized_layer_to_the_library():
     backend = backend_for(target)
     fp32 = pipeline.library_rules(backend, target, pipeline.Options())
     assert fp32.dense_min_macs > 0 and not fp32.nhwc
-    for mode, nhwc in (("int8-static", False), ("bf16", True)):
-        lowering = QuantizedLowering(mode, "asymmetric", {"fc": {"precision": mode}}, None)
+    for mode, kind, nhwc in (("int8-static", "conv", False), ("bf16", "conv", True),
+                             ("bf16", "dense", False)):
+        decisions = {"layer": {"precision": mode, "kind": kind}}
+        lowering = QuantizedLowering(mode, "asymmetric", decisions, None)
         rules = pipeline.library_rules(backend, target, pipeline.Options(quantized=lowering))
-        # Every int8 layer a library call (tiny bf16 ones stay TVM kernels, in fp32); bf16
-        # activations NHWC, the AMX kernels' layout.
+        # Every int8 layer a library call (tiny bf16 ones stay TVM kernels, in fp32); with a
+        # bf16 convolution, activations NHWC, the AMX kernels' layout.
         assert (rules.dense_min_macs == 0) == (mode != "bf16"), mode
-        assert rules.nhwc == nhwc and rules.block == 16, mode
-    kept = QuantizedLowering("bf16", "asymmetric", {"fc": {"precision": "fp32"}}, None)
+        assert rules.nhwc == nhwc and rules.block == 16, (mode, kind)
+    kept = QuantizedLowering("bf16", "asymmetric",
+                             {"layer": {"precision": "fp32", "kind": "conv"}}, None)
     assert not pipeline.library_rules(backend, target, pipeline.Options(quantized=kept)).nhwc
 
 

@@ -212,8 +212,9 @@ def bf16_problem(target: Target) -> str | None:
 # A bf16 layer converts its input to bf16 on every call and feeds AMX tiles 32 values deep: below
 # these, that conversion and the padded tiles cost more than bf16 saves. Per layer of
 # mobilenet_v3_large (oneDNN 2.6, 2 cores, Sapphire Rapids), bf16 was slower than fp32 on every
-# depthwise convolution (a reduction of 9 or 25) and every 1x1 one of 16-80 output channels, and
-# faster on every one of 112 or more.
+# depthwise convolution (a reduction of 9 or 25), on its RGB stem (27) and on 12 of the 13 1x1
+# ones of 16-80 output channels, and faster on 15 of the 17 of 112 or more (the other two within
+# 4 us).
 BF16_MIN_REDUCTION = 32
 BF16_MIN_FAN_OUT = 96
 
