@@ -167,10 +167,14 @@ def library_rules(backend: Backend, target: Target, options: Options):
     # small for the library stays a TVM kernel in fp32, as the shim would run it (Bf16Pays).
     if set(quantized.layers()) - set(quantized.layers("bf16")):
         rules = replace(rules, dense_min_macs=0)
-    bf16_convs = [n for n in quantized.layers("bf16") if quantized.decisions[n]["kind"] == "conv"]
-    if bf16_convs and rules.block:
-        # The layout of oneDNN's AMX bf16 convolutions. Without one, NHWC only slowed the fp32
-        # ones (wav2vec2's feature extractor: its bf16 build 1.10x the fp32 one's time).
+    convs = {quantized.decisions[n]["precision"] for n in quantized.layers()
+             if quantized.decisions[n]["kind"] == "conv"}
+    if "bf16" in convs or (convs and rules.block == 16):
+        # The layout of oneDNN's AMX convolutions, bf16 and int8: on blocked tensors each call
+        # reordered its input and output (resnet50_rand int8-static 0.48 -> 0.35 of fp32's time,
+        # Sapphire Rapids). Without such a layer NHWC only slowed the fp32 convolutions
+        # (wav2vec2's feature extractor: its bf16 build 1.10x the fp32 one's time). AVX2
+        # targets' int8 kernels (block 8) are not measured in NHWC and stay blocked.
         rules = replace(rules, channels_last=True)
     return rules
 

@@ -71,15 +71,20 @@ def test_quantized_builds_send_every_quantized_layer_to_the_library():
     backend = backend_for(target)
     fp32 = pipeline.library_rules(backend, target, pipeline.Options())
     assert fp32.dense_min_macs > 0 and not fp32.nhwc
-    for mode, kind, nhwc in (("int8-static", "conv", False), ("bf16", "conv", True),
-                             ("bf16", "dense", False)):
+    for mode, kind, nhwc in (("int8-static", "conv", True), ("int8-static", "dense", False),
+                             ("bf16", "conv", True), ("bf16", "dense", False)):
         decisions = {"layer": {"precision": mode, "kind": kind}}
         lowering = QuantizedLowering(mode, "asymmetric", decisions, None)
         rules = pipeline.library_rules(backend, target, pipeline.Options(quantized=lowering))
         # Every int8 layer a library call (tiny bf16 ones stay TVM kernels, in fp32); with a
-        # bf16 convolution, activations NHWC, the AMX kernels' layout.
+        # quantized convolution, activations NHWC, the AMX kernels' layout.
         assert (rules.dense_min_macs == 0) == (mode != "bf16"), mode
         assert rules.nhwc == nhwc and rules.block == 16, (mode, kind)
+    avx2 = load_target("x86_64")  # its int8 convolutions (8-channel blocks) stay blocked
+    int8_conv = QuantizedLowering("int8-static", "asymmetric",
+                                  {"layer": {"precision": "int8-static", "kind": "conv"}}, None)
+    assert not pipeline.library_rules(backend_for(avx2), avx2,
+                                      pipeline.Options(quantized=int8_conv)).nhwc
     kept = QuantizedLowering("bf16", "asymmetric",
                              {"layer": {"precision": "fp32", "kind": "conv"}}, None)
     assert not pipeline.library_rules(backend, target, pipeline.Options(quantized=kept)).nhwc
