@@ -156,8 +156,10 @@ def _tvm_lowering(kind: str):
 
 
 def library_rules(backend: Backend, target: Target, options: Options):
-    """What goes to the target's library in this build: the backend's rules for the target, or
-    None when the target enables no library or the plan routes every op to TVM."""
+    """What goes to the target's library in this build: the backend's rules for the target, as
+    the build's quantized layers need them (every int8 matmul a library call; NHWC activations
+    for oneDNN's AMX convolutions), or None when the target enables no library or the plan
+    routes every op to TVM."""
     rules = backend.library_rules(target) if options.library else None
     quantized = options.quantized
     if rules is None or quantized is None or quantized.mode == "fp16":

@@ -55,7 +55,8 @@ class DispatchRules:
     ``channels_last``: activations between library convolutions are NHWC ([N, 1, H, W, C])
     instead of blocked (``block`` must be nonzero). oneDNN's AMX bf16 convolutions read and
     write NHWC only: on blocked tensors they reordered every input and output, 6 of resnet50's
-    17.6 ms (measured, 2 cores, Sapphire Rapids). Builds with bf16 layers set it.
+    17.6 ms (measured, 2 cores, Sapphire Rapids). Builds with bf16 convolutions (or int8
+    ones, on AVX-512 targets) set it (``pipeline.library_rules``).
     ``batch_matmul``: a matmul of two float32 activations of rank 3 or 4 with the same batch
     dims (attention's scores and weighted values) goes to oneDNN's batched matmul; TVM's kernel
     for it ran ViT at 3.2x and the Whisper encoder at 10.6x onnxruntime's time. oneDNN only: the
